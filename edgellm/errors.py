@@ -1,0 +1,29 @@
+"""Named errors. Every failure a user can cause raises one of these (CLI: one line, exit code 2)."""
+
+
+class EdgeLLMError(Exception):
+    """Base class of every error edgellm raises on bad input or a missing resource."""
+
+
+class GGUFError(EdgeLLMError):
+    """The file is not a readable GGUF file (bad magic, version, truncated, tensor out of bounds)."""
+
+
+class UnsupportedModelError(EdgeLLMError):
+    """The GGUF file is valid but describes an architecture or tensor type edgellm cannot run."""
+
+
+class UnsupportedQuantTypeError(UnsupportedModelError):
+    """A tensor uses a quantization type edgellm has no kernel for."""
+
+
+class ModelNotFoundError(EdgeLLMError):
+    """No model path was given and the bundled default model is not installed."""
+
+
+class ContextOverflowError(EdgeLLMError):
+    """The prompt (plus the requested new tokens) does not fit in the context."""
+
+
+class InvalidRequestError(EdgeLLMError):
+    """A request parameter is out of range or of the wrong type."""
