@@ -1,0 +1,164 @@
+"""edgellm command line: each subcommand is a short function over the Python API.
+
+Any EdgeLLMError (bad file, bad argument, context overflow...) prints one line and exits with code 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from functools import wraps
+
+import click
+
+from edgellm.errors import EdgeLLMError
+
+model_option = click.option("--model", "-m", "model", default=None, metavar="PATH",
+                            help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
+                              help="Worker threads (default: physical cores).")
+ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
+                          help="Context size in tokens (default 4096, capped at the model's).")
+
+
+def friendly_errors(fn):
+    """Turn EdgeLLMError into a one-line message and exit code 2 (no traceback)."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgeLLMError as e:
+            click.echo(f"edgellm: error: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.exit(0)
+
+    return wrapper
+
+
+def _llm(model, threads=None, ctx_size=None, **kw):
+    from edgellm.api import LLM
+
+    return LLM(model, threads=threads, ctx_size=ctx_size, **kw)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgellm")
+def main():
+    """edgellm: run GGUF language models on CPUs, in Python, with nothing to compile."""
+
+
+@main.command()
+@model_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@friendly_errors
+def info(model, as_json):
+    """Describe a model: architecture, parameters, quant types, context, vocabulary."""
+    from edgellm.api import load_model
+
+    lm = load_model(model)
+    cfg, g = lm.config, lm.gguf
+    n_params = sum(t.n_elements for t in g.tensors.values())
+    d = {
+        "path": g.path, "name": cfg.name, "architecture": cfg.arch, "gguf_version": g.version,
+        "parameters": n_params, "tensors": len(g.tensors),
+        "tensor_types": dict(sorted(Counter(t.qtype.name for t in g.tensors.values()).items())),
+        "context_length": cfg.n_ctx_train, "embedding_length": cfg.d_model, "layers": cfg.n_layers,
+        "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "sliding_window": cfg.sliding_window or None, "vocab_size": cfg.n_vocab,
+        "tokenizer": g.metadata.get("tokenizer.ggml.model"),
+        "chat_template": "tokenizer.chat_template" in g.metadata,
+    }
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    for k, v in d.items():
+        if k == "parameters":
+            v = f"{v:,} ({v / 1e6:.0f}M)"
+        elif k == "tensor_types":
+            v = ", ".join(f"{n} {t}" for t, n in v.items())
+        click.echo(f"{k:18s} {v}")
+
+
+@main.command()
+@model_option
+@click.option("--no-special", is_flag=True, help="Treat control-token text (e.g. <start_of_turn>) as plain text.")
+@click.argument("text")
+@friendly_errors
+def tokenize(model, no_special, text):
+    """Print the token ids of TEXT as a JSON list (no BOS)."""
+    from edgellm.api import load_model
+    from edgellm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(load_model(model).metadata)
+    click.echo(json.dumps(tok.encode(text, add_bos=False, special=not no_special)))
+
+
+def sampling_options(fn):
+    opts = [
+        click.option("--max-tokens", "-n", type=click.IntRange(min=0), default=256, show_default=True),
+        click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.8, show_default=True,
+                     help="0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True),
+        click.option("--seed", "-s", type=int, default=None),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def make_params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop):
+    from edgellm.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=list(stop))
+
+
+@main.command()
+@model_option
+@click.option("--prompt", "-p", required=True, help="Prompt text (BOS added as the model's metadata says).")
+@sampling_options
+@threads_option
+@ctx_option
+@friendly_errors
+def generate(model, prompt, threads, ctx_size, **sp):
+    """Complete a prompt; prints only the completion, streamed as it is produced."""
+    params = make_params(**sp)
+    llm = _llm(model, threads, ctx_size)
+    out = sys.stdout
+    for piece in llm.stream(prompt, params):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+
+
+@main.command()
+@model_option
+@click.option("--file", "-f", "file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True, help="Window size in tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Last line: {ppl, n_tokens, nll}.")
+@threads_option
+@friendly_errors
+def perplexity(model, file, ctx, as_json, threads):
+    """Perplexity of a text file, computed as llama-perplexity does."""
+    from edgellm.perplexity import perplexity as run
+
+    with open(file, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    llm = _llm(model, threads, ctx_size=ctx)
+    res = run(llm, text, n_ctx=ctx, progress=sys.stderr.isatty())
+    click.echo(f"perplexity: {res.ppl:.4f} over {res.n_tokens} tokens (ctx {ctx})", err=as_json)
+    if as_json:
+        click.echo(json.dumps({"ppl": res.ppl, "n_tokens": res.n_tokens, "nll": res.nll}))
+
+
+if __name__ == "__main__":
+    main()

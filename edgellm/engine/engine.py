@@ -1,0 +1,98 @@
+"""Engine: owns the model, the paged KV cache, the block pool and the scheduler; step() moves every
+running request forward by one forward pass."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from edgellm.engine.block_pool import BlockPool
+from edgellm.engine.kv_cache import PagedKVCache
+from edgellm.engine.request import Request, history_array
+from edgellm.engine.runner import ModelRunner
+from edgellm.engine.scheduler import Scheduler
+from edgellm.errors import ContextOverflowError
+from edgellm.sampling import SamplingParams
+
+BLOCK_SIZE = 16
+
+
+class Engine:
+    """Continuous-batching engine over one loaded model. Not thread-safe by itself: one thread steps it."""
+
+    def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
+                 max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE):
+        self.loaded, self.model, self.tokenizer = loaded, model, tokenizer
+        self.ctx_size = ctx_size
+        kv_tokens = kv_cache_tokens or ctx_size
+        n_blocks = -(-kv_tokens // block_size)
+        self.block_size = block_size
+        self.kv = PagedKVCache(loaded.config, n_blocks, block_size)
+        self.pool = BlockPool(n_blocks)
+        self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget)
+        self.runner = ModelRunner(model, self.kv)
+        self.requests: dict[int, Request] = {}
+        self.lock = threading.Lock()
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, *, priority: int = 0) -> Request:
+        """Queue a request; raises ContextOverflowError if it can never fit."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise ContextOverflowError("empty prompt: nothing to condition on (add BOS or text)")
+        if n >= self.ctx_size:
+            raise ContextOverflowError(f"prompt has {n} tokens but the context holds {self.ctx_size} "
+                                       f"(including at least one generated token); use a larger --ctx-size or a shorter prompt")
+        if -(-(n + 1) // self.block_size) > self.pool.n_blocks:
+            raise ContextOverflowError(f"prompt of {n} tokens does not fit in the KV cache "
+                                       f"({self.pool.n_blocks * self.block_size} tokens)")
+        req = Request(prompt_ids, params, self.tokenizer, max_len=min(self.ctx_size, self.pool.n_blocks * self.block_size),
+                      priority=priority)
+        if params.max_tokens == 0:
+            req._finish("length")
+        self.requests[req.id] = req
+        self.scheduler.add(req)
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Request]:
+        """Run one forward for the scheduled batch; returns requests that produced output or finished."""
+        items = self.scheduler.schedule()
+        if not items:
+            return self._reap()
+        logits = self.runner.run(items)
+        touched = []
+        for it in items:
+            r = it.request
+            if r.id in logits and not r.finished:
+                r.append_token(r.sampler(logits[r.id], history_array(r)))
+                touched.append(r)
+        return touched + self._reap()
+
+    def _reap(self) -> list[Request]:
+        done = [r for r in self.scheduler.running if r.finished]
+        done += [r for r in self.scheduler.waiting if r.finished]
+        for r in done:
+            if r in self.scheduler.running:
+                self.scheduler.running.remove(r)
+            if r in self.scheduler.waiting:
+                self.scheduler.waiting.remove(r)
+            self.scheduler.release(r)
+            self.requests.pop(r.id, None)
+        return done
+
+    def cancel(self, req: Request) -> None:
+        req.cancel()
+
+    def stats(self) -> dict:
+        return {
+            "blocks_total": self.pool.n_blocks,
+            "blocks_used": self.pool.n_used,
+            "blocks_free": self.pool.n_free,
+            "blocks_cached": len(self.pool.cached),
+            "evictions": self.pool.evictions,
+            "preemptions": self.scheduler.preemptions,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+        }

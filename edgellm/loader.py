@@ -1,0 +1,190 @@
+"""GGUF file -> validated ModelConfig + zero-copy quantized weights."""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgellm.errors import GGUFError, UnsupportedModelError
+from edgellm.gguf_file import GGUFFile, TensorInfo, read_gguf
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What differs between the supported architectures, as data (llama.cpp's per-arch constants)."""
+
+    rope_neox: bool  # NeoX rotation (halves) instead of adjacent pairs
+    qk_norm: bool = False
+    gemma: bool = False  # embeddings * sqrt(d), GeGLU, post-norms, tied output
+    swa_pattern: int = 0  # every n-th layer is global (llama.cpp hard-codes 6 for gemma3)
+    rope_base_local: float | None = None  # rope base of sliding-window layers
+    bias: bool = False  # q/k/v biases (qwen2)
+
+
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec(rope_neox=False),
+    "mistral": ArchSpec(rope_neox=False),
+    "qwen2": ArchSpec(rope_neox=True, bias=True),
+    "qwen3": ArchSpec(rope_neox=True, qk_norm=True),
+    "gemma3": ArchSpec(rope_neox=True, qk_norm=True, gemma=True, swa_pattern=6, rope_base_local=10000.0),
+}
+
+# architecture name -> models/<module>.py (llama-family files share one implementation)
+MODEL_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3": "gemma3"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of one model, filled once from GGUF metadata (`{arch}.*` keys)."""
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    d_model: int
+    n_layers: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    rms_eps: float
+    rope_base: float
+    rope_scale: float  # linear position scale (1 / factor)
+    rope_neox: bool
+    qk_norm: bool
+    gemma: bool
+    bias: bool
+    sliding_window: int  # 0 = none
+    swa_layers: tuple[bool, ...]  # per layer: uses the sliding window (and the local rope base)
+    rope_base_local: float
+    attn_scale: float
+    attn_softcap: float  # 0 = none
+    final_softcap: float  # 0 = none
+    tied_output: bool
+    name: str = ""
+    file_type: int | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def _req(meta: dict, key: str, path: str):
+    if key not in meta:
+        raise UnsupportedModelError(f"{path}: missing metadata key {key!r}")
+    return meta[key]
+
+
+def _scalar(v: Any) -> Any:
+    # per-layer arrays (e.g. head_count_kv in some files): all equal is required here
+    if isinstance(v, np.ndarray):
+        if v.size == 0 or np.any(v != v.flat[0]):
+            raise UnsupportedModelError(f"per-layer hyper-parameter varies across layers: {v}")
+        return v.flat[0].item()
+    return v
+
+
+def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str = "") -> ModelConfig:
+    """Build the ModelConfig; raise UnsupportedModelError for unknown architectures or missing keys."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHS:
+        raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    spec = ARCHS[arch]
+    g = lambda k, d=None: _scalar(meta.get(f"{arch}.{k}", d))  # noqa: E731
+    r = lambda k: _scalar(_req(meta, f"{arch}.{k}", path))  # noqa: E731
+    d_model, n_heads = int(r("embedding_length")), int(r("attention.head_count"))
+    n_kv = int(g("attention.head_count_kv", n_heads))
+    head_dim = int(g("attention.key_length", d_model // n_heads))
+    n_layers = int(r("block_count"))
+    if "token_embd.weight" not in tensors:
+        raise UnsupportedModelError(f"{path}: missing tensor 'token_embd.weight'")
+    n_vocab = tensors["token_embd.weight"].shape[0]
+    window = int(g("attention.sliding_window", 0) or 0)
+    if spec.swa_pattern and window:
+        swa = tuple((i + 1) % spec.swa_pattern != 0 for i in range(n_layers))
+    else:
+        swa = tuple(bool(window) for _ in range(n_layers))
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(g("rope.scaling.factor", 1.0) or 1.0)
+    rope_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+    if scaling not in ("none", "linear", None):
+        raise UnsupportedModelError(f"{path}: rope scaling {scaling!r} is not supported yet")
+    rope_base = float(g("rope.freq_base", 10000.0))
+    return ModelConfig(
+        arch=arch, n_vocab=n_vocab, n_ctx_train=int(r("context_length")), d_model=d_model,
+        n_layers=n_layers, d_ff=int(r("feed_forward_length")), n_heads=n_heads, n_kv_heads=n_kv,
+        head_dim=head_dim, v_head_dim=int(g("attention.value_length", head_dim)),
+        rms_eps=float(r("attention.layer_norm_rms_epsilon")), rope_base=rope_base,
+        rope_scale=rope_scale, rope_neox=spec.rope_neox, qk_norm=spec.qk_norm, gemma=spec.gemma,
+        bias=spec.bias, sliding_window=window, swa_layers=swa,
+        rope_base_local=spec.rope_base_local or rope_base,
+        attn_scale=1.0 / math.sqrt(head_dim),
+        attn_softcap=float(g("attn_logit_softcapping", 0.0) or 0.0),
+        final_softcap=float(g("final_logit_softcapping", 0.0) or 0.0),
+        tied_output="output.weight" not in tensors,
+        name=str(meta.get("general.name", "")), file_type=meta.get("general.file_type"),
+    )
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Row-major shapes of every tensor the forward pass reads (optional ones marked by the model)."""
+    d, hd, vd = cfg.d_model, cfg.head_dim, cfg.v_head_dim
+    shapes = {"token_embd.weight": (cfg.n_vocab, d), "output_norm.weight": (d,)}
+    if not cfg.tied_output:
+        shapes["output.weight"] = (cfg.n_vocab, d)
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (d,), b + "attn_q.weight": (cfg.n_heads * hd, d),
+            b + "attn_k.weight": (cfg.n_kv_heads * hd, d), b + "attn_v.weight": (cfg.n_kv_heads * vd, d),
+            b + "attn_output.weight": (d, cfg.n_heads * vd), b + "ffn_norm.weight": (d,),
+            b + "ffn_gate.weight": (cfg.d_ff, d), b + "ffn_up.weight": (cfg.d_ff, d),
+            b + "ffn_down.weight": (d, cfg.d_ff),
+        }
+        if cfg.qk_norm:
+            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+        if cfg.gemma:
+            shapes |= {b + "post_attention_norm.weight": (d,), b + "post_ffw_norm.weight": (d,)}
+        if cfg.bias:
+            shapes |= {b + "attn_q.bias": (cfg.n_heads * hd,), b + "attn_k.bias": (cfg.n_kv_heads * hd,),
+                       b + "attn_v.bias": (cfg.n_kv_heads * vd,)}
+    return shapes
+
+
+def validate_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], path: str = "") -> None:
+    """Every tensor the forward reads exists with the shape the config implies."""
+    for name, shape in expected_shapes(cfg).items():
+        t = tensors.get(name)
+        if t is None:
+            raise UnsupportedModelError(f"{path}: missing tensor {name!r} for {cfg.arch}")
+        if tuple(t.shape) != shape:
+            raise UnsupportedModelError(f"{path}: tensor {name!r} has shape {t.shape}, config implies {shape}")
+
+
+@dataclass
+class LoadedModel:
+    """A GGUF file opened for inference: config, metadata, raw file, and the architecture's module."""
+
+    config: ModelConfig
+    gguf: GGUFFile
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.gguf.metadata
+
+    @property
+    def path(self) -> str:
+        return self.gguf.path
+
+    def model_module(self):
+        return importlib.import_module(f"edgellm.models.{MODEL_MODULES[self.config.arch]}")
+
+
+def load_gguf(path: str) -> LoadedModel:
+    """Read, validate and describe a GGUF model file (weights stay memory-mapped, nothing is copied)."""
+    g = read_gguf(path)
+    if "general.architecture" not in g.metadata:
+        raise GGUFError(f"{path}: metadata has no general.architecture")
+    cfg = config_from_metadata(g.metadata, g.tensors, path)
+    validate_tensors(cfg, g.tensors, path)
+    return LoadedModel(cfg, g)

@@ -1,0 +1,80 @@
+"""What every architecture shares: the forward-batch contract, weight preparation, paged attention step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.loader import LoadedModel
+from kernels_cpu import get_rows, matmul, prepare_weight
+from kernels_cpu.attention import paged_attention
+from quant.formats import dequantize
+
+
+@dataclass
+class ForwardBatch:
+    """Tokens of one engine step, from one or more sequences (each sequence's rows contiguous).
+
+    tokens, positions, row_seq: (T,) — token id, its position in its sequence, the sequence's index;
+    block_tables: (S, MB) int32 — per sequence, the KV block holding positions [i*BS, (i+1)*BS);
+    logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence).
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    row_seq: np.ndarray
+    block_tables: np.ndarray
+    logit_rows: np.ndarray
+
+    @classmethod
+    def single(cls, tokens, start: int, block_table, *, all_logits: bool = False) -> "ForwardBatch":
+        """One sequence: tokens at positions start.. ; logits for the last row (or every row)."""
+        t = np.asarray(tokens, dtype=np.int64)
+        n = len(t)
+        rows = np.arange(n) if all_logits else np.array([n - 1])
+        return cls(t, np.arange(start, start + n, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                   np.asarray(block_table, dtype=np.int64)[None, :], rows)
+
+
+class Weights:
+    """Tensors by name: matrices prepared for the quantized kernels, vectors as float32 (tiny)."""
+
+    def __init__(self, loaded: LoadedModel):
+        self._g = loaded.gguf
+
+    def matrix(self, name: str):
+        t = self._g.tensors[name]
+        return prepare_weight(self._g.tensor_bytes(name), t.qtype, t.shape)
+
+    def vector(self, name: str) -> np.ndarray:
+        t = self._g.tensors[name]
+        return dequantize(self._g.tensor_bytes(name), t.qtype).reshape(t.shape).astype(np.float32)
+
+    def has(self, name: str) -> bool:
+        return name in self._g.tensors
+
+
+def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float):
+    """Write this step's K/V (T, KVH, hd) into the paged cache, then attend. Returns (T, H*vd)."""
+    kc, vc = kv.layer(layer)
+    bs = kc.shape[1]
+    slots = batch.block_tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
+    kv.write(layer, slots, k, v)
+    out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, batch.block_tables,
+                          window=window, scale=scale, softcap=softcap)
+    return out.reshape(len(q), -1)
+
+
+def embed(tok_embd, tokens: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Embedding rows (T, D) for validated token ids."""
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
+        raise ValueError(f"token id out of range [0, {n_vocab})")
+    return get_rows(tok_embd, tokens)
+
+
+def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (T, K) @ W.T -> (T, N), plus bias."""
+    y = matmul(np.ascontiguousarray(x, dtype=np.float32), w)
+    if bias is not None:
+        y += bias
+    return y

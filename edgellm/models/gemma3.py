@@ -1,0 +1,75 @@
+"""Gemma 3: QK-norm, 5:1 sliding-window/global layers (local rope base), scaled embeddings, GeGLU,
+pre- and post-norms around attention and FFN, tied output head."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgellm.loader import LoadedModel
+from edgellm.models.common import ForwardBatch, Weights, attend, embed, linear
+from kernels_cpu import matmul
+from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables, softcap
+
+
+class Layer:
+    def __init__(self, w: Weights, i: int):
+        b = f"blk.{i}."
+        self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
+        self.post_attn_norm = w.vector(b + "post_attention_norm.weight")
+        self.post_ffn_norm = w.vector(b + "post_ffw_norm.weight")
+        self.q_norm, self.k_norm = w.vector(b + "attn_q_norm.weight"), w.vector(b + "attn_k_norm.weight")
+        self.wq, self.wk, self.wv = (w.matrix(b + f"attn_{x}.weight") for x in "qkv")
+        self.wo = w.matrix(b + "attn_output.weight")
+        self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
+
+
+class Model:
+    """Gemma 3 forward over a ForwardBatch; weights stay quantized (prepared views of the GGUF memmap)."""
+
+    def __init__(self, loaded: LoadedModel):
+        cfg = self.cfg = loaded.config
+        w = Weights(loaded)
+        self.tok_embd = w.matrix("token_embd.weight")
+        self.output = self.tok_embd if cfg.tied_output else w.matrix("output.weight")
+        self.output_norm = w.vector("output_norm.weight")
+        self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
+        self.embed_scale = np.float32(math.sqrt(cfg.d_model))
+
+    def forward(self, batch: ForwardBatch, kv) -> np.ndarray:
+        """Logits (R, n_vocab) for batch.logit_rows; writes this step's K/V into kv."""
+        return self.logits(self.hidden(batch, kv))
+
+    def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
+        """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
+        c = self.cfg
+        T = len(batch.tokens)
+        x = embed(self.tok_embd, batch.tokens, c.n_vocab) * self.embed_scale  # (T, D)
+        ropes = {base: rope_tables(batch.positions, c.head_dim, base, c.rope_scale if base == c.rope_base else 1.0)
+                 for base in {c.rope_base, c.rope_base_local}}
+        for i, L in enumerate(self.layers):
+            local = c.swa_layers[i]
+            cos, sin = ropes[c.rope_base_local if local else c.rope_base]
+            h = rmsnorm(x, L.attn_norm, c.rms_eps)
+            q = rmsnorm(linear(h, L.wq).reshape(T, c.n_heads, c.head_dim), L.q_norm, c.rms_eps)
+            k = rmsnorm(linear(h, L.wk).reshape(T, c.n_kv_heads, c.head_dim), L.k_norm, c.rms_eps)
+            v = linear(h, L.wv).reshape(T, c.n_kv_heads, c.v_head_dim)
+            apply_rope(q, cos, sin, neox=True)
+            apply_rope(k, cos, sin, neox=True)
+            a = attend(kv, i, q, k, v, batch, window=c.sliding_window if local else 0,
+                       scale=c.attn_scale, softcap=c.attn_softcap)
+            x = x + rmsnorm(linear(a, L.wo), L.post_attn_norm, c.rms_eps)
+            h = rmsnorm(x, L.ffn_norm, c.rms_eps)
+            f = linear(geglu(linear(h, L.gate), linear(h, L.up)), L.down)
+            x = x + rmsnorm(f, L.post_ffn_norm, c.rms_eps)
+        return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """Output head: (R, D) -> (R, n_vocab)."""
+        c = self.cfg
+        if not len(h):
+            return np.empty((0, c.n_vocab), dtype=np.float32)
+        logits = matmul(np.ascontiguousarray(h, dtype=np.float32), self.output)
+        if c.final_softcap:
+            softcap(logits, c.final_softcap)
+        return logits

@@ -1,0 +1,67 @@
+"""Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm): RoPE, GQA, SwiGLU,
+optional separate output head."""
+from __future__ import annotations
+
+import numpy as np
+
+from edgellm.loader import LoadedModel
+from edgellm.models.common import ForwardBatch, Weights, attend, embed, linear
+from kernels_cpu import matmul
+from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
+
+
+class Layer:
+    def __init__(self, w: Weights, i: int, cfg):
+        b = f"blk.{i}."
+        self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
+        self.wq, self.wk, self.wv = (w.matrix(b + f"attn_{x}.weight") for x in "qkv")
+        self.bq, self.bk, self.bv = (w.vector(b + f"attn_{x}.bias") if cfg.bias else None for x in "qkv")
+        self.q_norm = w.vector(b + "attn_q_norm.weight") if cfg.qk_norm else None
+        self.k_norm = w.vector(b + "attn_k_norm.weight") if cfg.qk_norm else None
+        self.wo = w.matrix(b + "attn_output.weight")
+        self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
+
+
+class Model:
+    """Llama-family forward over a ForwardBatch; weights stay quantized."""
+
+    def __init__(self, loaded: LoadedModel):
+        cfg = self.cfg = loaded.config
+        w = Weights(loaded)
+        self.tok_embd = w.matrix("token_embd.weight")
+        self.output = self.tok_embd if cfg.tied_output else w.matrix("output.weight")
+        self.output_norm = w.vector("output_norm.weight")
+        self.layers = [Layer(w, i, cfg) for i in range(cfg.n_layers)]
+
+    def forward(self, batch: ForwardBatch, kv) -> np.ndarray:
+        """Logits (R, n_vocab) for batch.logit_rows; writes this step's K/V into kv."""
+        return self.logits(self.hidden(batch, kv))
+
+    def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
+        """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
+        c = self.cfg
+        T = len(batch.tokens)
+        x = embed(self.tok_embd, batch.tokens, c.n_vocab)  # (T, D)
+        cos, sin = rope_tables(batch.positions, c.head_dim, c.rope_base, c.rope_scale)
+        for i, L in enumerate(self.layers):
+            h = rmsnorm(x, L.attn_norm, c.rms_eps)
+            q = linear(h, L.wq, L.bq).reshape(T, c.n_heads, c.head_dim)
+            k = linear(h, L.wk, L.bk).reshape(T, c.n_kv_heads, c.head_dim)
+            v = linear(h, L.wv, L.bv).reshape(T, c.n_kv_heads, c.v_head_dim)
+            if L.q_norm is not None:
+                q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
+            apply_rope(q, cos, sin, neox=c.rope_neox)
+            apply_rope(k, cos, sin, neox=c.rope_neox)
+            a = attend(kv, i, q, k, v, batch, window=c.sliding_window if c.swa_layers[i] else 0,
+                       scale=c.attn_scale, softcap=c.attn_softcap)
+            x = x + linear(a, L.wo)
+            h = rmsnorm(x, L.ffn_norm, c.rms_eps)
+            x = x + linear(swiglu(linear(h, L.gate), linear(h, L.up)), L.down)
+        return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """Output head: (R, D) -> (R, n_vocab)."""
+        c = self.cfg
+        if not len(h):
+            return np.empty((0, c.n_vocab), dtype=np.float32)
+        return matmul(np.ascontiguousarray(h, dtype=np.float32), self.output)

@@ -1,0 +1,131 @@
+"""SamplingParams and the sampler: logits processors as a data pipeline, in llama.cpp's default order
+(penalties -> top-k -> top-p -> min-p -> temperature -> draw)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from edgellm.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token, and when to stop. `temperature=0` is greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_k: int = 40  # 0 = off
+    top_p: float = 0.95  # 1.0 = off
+    min_p: float = 0.05  # 0.0 = off
+    repeat_penalty: float = 1.0  # 1.0 = off
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repeat_penalty > 0, "repeat_penalty must be > 0"),
+            (self.repeat_last_n >= -1, "repeat_last_n must be >= -1"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise InvalidRequestError(msg)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def _penalties(logits: np.ndarray, p: SamplingParams, history: np.ndarray) -> np.ndarray:
+    # llama.cpp llama_sampler_penalties: over the last repeat_last_n tokens (prompt included)
+    if p.repeat_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+        return logits
+    window = history if p.repeat_last_n == -1 else history[len(history) - p.repeat_last_n:] if p.repeat_last_n else history[:0]
+    if not len(window):
+        return logits
+    ids, counts = np.unique(window, return_counts=True)
+    ids_ok = ids < len(logits)
+    ids, counts = ids[ids_ok], counts[ids_ok]
+    v = logits[ids]
+    v = np.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
+    v -= counts * p.frequency_penalty + (counts > 0) * p.presence_penalty
+    logits[ids] = v
+    return logits
+
+
+def _top_k(logits: np.ndarray, p: SamplingParams, _h) -> np.ndarray:
+    if 0 < p.top_k < len(logits):
+        kth = np.partition(logits, len(logits) - p.top_k)[len(logits) - p.top_k]
+        logits[logits < kth] = -np.inf
+    return logits
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def _top_p(logits: np.ndarray, p: SamplingParams, _h) -> np.ndarray:
+    if p.top_p < 1.0:
+        probs = _softmax(logits)
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        keep = int(np.searchsorted(cum, p.top_p)) + 1  # smallest set with mass >= top_p
+        logits[order[keep:]] = -np.inf
+    return logits
+
+
+def _min_p(logits: np.ndarray, p: SamplingParams, _h) -> np.ndarray:
+    if p.min_p > 0.0:
+        # relative to the top token: p_i >= min_p * p_max  <=>  l_i >= l_max + log(min_p)
+        logits[logits < logits.max() + np.log(p.min_p)] = -np.inf
+    return logits
+
+
+Processor = Callable[[np.ndarray, SamplingParams, np.ndarray], np.ndarray]
+PIPELINE: list[Processor] = [_penalties, _top_k, _top_p, _min_p]
+
+
+class Sampler:
+    """Per-request sampler: owns the request's random generator so seeded requests are reproducible."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> int:
+        """Pick the next token from logits (V,) float32 given the sequence so far (prompt + output)."""
+        p = self.params
+        x = logits.astype(np.float64, copy=True)
+        for tok, bias in p.logit_bias.items():
+            if 0 <= int(tok) < len(x):
+                x[int(tok)] += bias
+        x = _penalties(x, p, history)
+        if p.greedy:
+            return int(np.argmax(x))
+        for proc in PIPELINE[1:]:
+            x = proc(x, p, history)
+        probs = _softmax(x / p.temperature)
+        return int(self.rng.choice(len(probs), p=probs))
+
+
+def logprobs(logits: np.ndarray) -> np.ndarray:
+    """log-softmax of (V,) logits in float64."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
