@@ -100,8 +100,9 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         raise UnsupportedModelError(f"{path}: missing tensor 'token_embd.weight'")
     n_vocab = tensors["token_embd.weight"].shape[0]
     window = int(g("attention.sliding_window", 0) or 0)
-    if spec.swa_pattern and window:
-        swa = tuple((i + 1) % spec.swa_pattern != 0 for i in range(n_layers))
+    pattern = int(g("attention.sliding_window_pattern", spec.swa_pattern) or 0)
+    if pattern and window:  # llama.cpp: layer il is local iff il % pattern < pattern - 1
+        swa = tuple(i % pattern < pattern - 1 for i in range(n_layers))
     else:
         swa = tuple(bool(window) for _ in range(n_layers))
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
@@ -117,7 +118,7 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         rms_eps=float(r("attention.layer_norm_rms_epsilon")), rope_base=rope_base,
         rope_scale=rope_scale, rope_neox=spec.rope_neox, qk_norm=spec.qk_norm, gemma=spec.gemma,
         bias=spec.bias, sliding_window=window, swa_layers=swa,
-        rope_base_local=spec.rope_base_local or rope_base,
+        rope_base_local=float(g("rope.freq_base_swa", spec.rope_base_local or rope_base)),
         attn_scale=1.0 / math.sqrt(head_dim),
         attn_softcap=float(g("attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(g("final_logit_softcapping", 0.0) or 0.0),

@@ -52,6 +52,7 @@ class BlockPool:
         for b in blocks:
             if self.ref[b] == 0:
                 del self._free[b]
+                self.cached.discard(b)
             self.ref[b] += 1
 
     def free(self, blocks: list[int], *, cached: set[int] | frozenset = frozenset()) -> None:

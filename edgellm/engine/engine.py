@@ -8,6 +8,7 @@ import numpy as np
 
 from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.kv_cache import PagedKVCache
+from edgellm.engine.prefix_tree import PrefixTree
 from edgellm.engine.request import Request, history_array
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
@@ -29,7 +30,9 @@ class Engine:
         self.block_size = block_size
         self.kv = PagedKVCache(loaded.config, n_blocks, block_size)
         self.pool = BlockPool(n_blocks)
-        self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget)
+        self.prefix = PrefixTree(self.pool, block_size)
+        self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget,
+                                   prefix_cache=self.prefix)
         self.runner = ModelRunner(model, self.kv)
         self.requests: dict[int, Request] = {}
         self.lock = threading.Lock()
@@ -93,6 +96,8 @@ class Engine:
             "blocks_cached": len(self.pool.cached),
             "evictions": self.pool.evictions,
             "preemptions": self.scheduler.preemptions,
+            "prefix_hit_tokens": self.prefix.hit_tokens,
+            "prefix_tree_blocks": len(self.prefix),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

@@ -71,7 +71,7 @@ class Scheduler:
 
     def _chunk_end(self, req: Request, budget: int) -> int:
         """End position of the next prefill chunk: fixed multiples of `chunk` (batch-invariant splits)."""
-        total = req.n_tokens
+        total = len(req.prompt_ids)
         end = min(total, (req.n_computed // self.chunk + 1) * self.chunk)
         if end - req.n_computed > budget:
             return req.n_computed  # wait for a step with room: never split at a budget-dependent place
@@ -85,6 +85,8 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: (-r.priority, r.t_arrival)):
             if req not in self.running:
                 continue  # preempted below
+            # Tokens past the prompt (generated ones, also when recomputed after a preemption) run one per
+            # step through the decode path, exactly as they first ran: preemption does not change results.
             end = req.n_computed + 1 if req.n_computed >= len(req.prompt_ids) else self._chunk_end(req, budget)
             if end <= req.n_computed:
                 continue
@@ -105,10 +107,9 @@ class Scheduler:
                 self.prefix.admit(req)  # reuse the longest cached prefix
             end = self._chunk_end(req, budget)
             # admission: the whole prompt (plus one output block) must fit now
-            if self._blocks_needed(req, len(req.prompt_ids) + 1) > self.pool.n_free or end <= req.n_computed:
-                if self.prefix is not None and not self.running:
-                    self.release(req)
-                    req.n_computed = req.n_cached = 0
+            if self._blocks_needed(req, req.n_tokens + 1) > self.pool.n_free or end <= req.n_computed:
+                self.release(req)  # do not pin cached prefix blocks while waiting
+                req.n_computed = req.n_cached = 0
                 break
             self._grow(req, end)
             self.waiting.popleft()
@@ -116,4 +117,8 @@ class Scheduler:
             self.running.append(req)
             items.append(ScheduledItem(req, end - req.n_computed))
             budget -= end - req.n_computed
+        items.sort(key=lambda it: not self.is_decode(it))  # decode rows first: they take the GEMV path
         return items
+
+    def is_decode(self, it: ScheduledItem) -> bool:
+        return it.request.n_computed >= len(it.request.prompt_ids)
