@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Iterator, Sequence
 
 from edgellm.engine.engine import Engine
-from edgellm.engine.request import Request, RequestOutput
+from edgellm.engine.loop import EngineLoop, RequestHandle
+from edgellm.engine.request import RequestOutput
 from edgellm.errors import InvalidRequestError
 from edgellm.loader import LoadedModel, load_gguf
 from edgellm.model_path import resolve_model
@@ -60,7 +60,7 @@ class LLM:
         self.engine = Engine(self.loaded, self.model, self.tokenizer, ctx_size=self.ctx_size,
                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
         warm_up(self, progress=progress)
-        self._lock = threading.Lock()
+        self.loop = EngineLoop(self.engine)
 
     # -- tokens ---------------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True, add_bos: bool = False) -> list[int]:
@@ -82,9 +82,9 @@ class LLM:
         raise InvalidRequestError("prompt must be a string or a list of token ids")
 
     # -- generation -----------------------------------------------------------------------------
-    def _submit(self, prompts: list, params: list[SamplingParams]) -> list[Request]:
-        ids = [self._prompt_ids(p) for p in prompts]  # validate all before queueing any
-        return [self.engine.add_request(i, p) for i, p in zip(ids, params)]
+    def submit(self, prompt, params: SamplingParams | None = None, *, priority: int = 0) -> RequestHandle:
+        """Queue one request on the engine thread; returns its handle (stream / result / cancel)."""
+        return self.loop.submit(self._prompt_ids(prompt), params or SamplingParams(), priority=priority)
 
     def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None):
         """Generate for one prompt (returns one RequestOutput) or a list (one continuous batch, outputs in order)."""
@@ -94,39 +94,64 @@ class LLM:
             params = [params or SamplingParams()] * len(plist)
         if len(params) != len(plist):
             raise InvalidRequestError("one SamplingParams per prompt, or a single one for all")
-        with self._lock:
-            reqs = self._submit(plist, list(params))
-            try:
-                while not all(r.finished for r in reqs):
-                    self.engine.step()
-                self.engine.step()  # reap: return blocks of the just-finished requests
-            except BaseException:
-                for r in reqs:
-                    r.cancel()
-                self.engine.step()
-                raise
-        outs = [r.output() for r in reqs]
+        ids = [self._prompt_ids(p) for p in plist]  # validate all before queueing any
+        handles: list[RequestHandle] = []
+        try:
+            for i, p in zip(ids, params):
+                handles.append(self.loop.submit(i, p))
+            outs = [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
         return outs[0] if single else outs
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield text pieces as they are produced (stop strings never leak)."""
-        with self._lock:
-            (req,) = self._submit([prompt], [params or SamplingParams()])
-            self.last_request = req
-            try:
-                while not req.finished:
-                    self.engine.step()
-                    if req.new_text:
-                        piece, req.new_text = req.new_text, ""
-                        yield piece
-                if req.new_text:
-                    piece, req.new_text = req.new_text, ""
-                    yield piece
-                self.engine.step()
-            finally:
-                if not req.finished:
-                    req.cancel()
-                    self.engine.step()
+        """Yield text pieces as they are produced (stop strings never leak). Closing the iterator cancels."""
+        h = self.submit(prompt, params)
+        self.last_handle = h
+        try:
+            yield from h.pieces()
+        finally:
+            if not h.done.is_set():
+                h.cancel()
+
+    async def agenerate(self, prompt, params: SamplingParams | None = None) -> RequestOutput:
+        """Async generate: awaits the output without blocking the event loop."""
+        h, q = self._asubmit(prompt, params)
+        async for _ in self._adrain(h, q):
+            pass
+        return h.output
+
+    async def astream(self, prompt, params: SamplingParams | None = None):
+        """Async iterator over text pieces; cancelling the consumer cancels the request."""
+        h, q = self._asubmit(prompt, params)
+        async for piece in self._adrain(h, q):
+            yield piece
+
+    def _asubmit(self, prompt, params):
+        import asyncio
+
+        aloop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        h = self.loop.submit(self._prompt_ids(prompt), params or SamplingParams(),
+                             listener=lambda ev: aloop.call_soon_threadsafe(q.put_nowait, ev))
+        return h, q
+
+    @staticmethod
+    async def _adrain(h: RequestHandle, q):
+        try:
+            while True:
+                ev = await q.get()
+                if isinstance(ev, str):
+                    yield ev
+                elif h.done.is_set():
+                    if h.error:
+                        raise h.error
+                    return
+        finally:
+            if not h.done.is_set():
+                h.cancel()
 
     def stats(self) -> dict:
         """Engine metrics: KV blocks total/used/free/cached, evictions, preemptions, queue sizes."""

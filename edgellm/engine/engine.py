@@ -37,8 +37,10 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.lock = threading.Lock()
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, *, priority: int = 0) -> Request:
-        """Queue a request; raises ContextOverflowError if it can never fit."""
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, *, priority: int = 0,
+                    defer: bool = False) -> Request:
+        """Validate and queue a request (defer=True: the caller enqueues it later, from the engine thread);
+        raises ContextOverflowError if it can never fit."""
         n = len(prompt_ids)
         if n == 0:
             raise ContextOverflowError("empty prompt: nothing to condition on (add BOS or text)")
@@ -52,9 +54,17 @@ class Engine:
                       priority=priority)
         if params.max_tokens == 0:
             req._finish("length")
+        if not defer:
+            self.enqueue(req)
+        return req
+
+    def enqueue(self, req: Request) -> None:
         self.requests[req.id] = req
         self.scheduler.add(req)
-        return req
+
+    def is_released(self, req: Request) -> bool:
+        """True once a finished request's blocks are back in the pool / tree."""
+        return req.id not in self.requests
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -76,6 +86,7 @@ class Engine:
     def _reap(self) -> list[Request]:
         done = [r for r in self.scheduler.running if r.finished]
         done += [r for r in self.scheduler.waiting if r.finished]
+        done += [r for r in self.requests.values() if r.finished and r not in done]
         for r in done:
             if r in self.scheduler.running:
                 self.scheduler.running.remove(r)
