@@ -1,6 +1,7 @@
 """Write the tokenizer golden files from llama.cpp (through llama-cpp-python, `pip install 'edgellm[bench]'`).
 
     python tests/golden/make_tokenizer_golden.py [--gemma PATH]
+    python tests/golden/make_tokenizer_golden.py --fuzz 2000 [--seed S]   # random strings vs llama.cpp, no writes
 
 Outputs (next to this script):
   tokenize_gemma3.json          Gemma 3 270M ("llama"/SentencePiece vocab), if the model file is found
@@ -261,6 +262,59 @@ def _tiny_hparams(w, name: str) -> None:
     w.add_rope_dimension_count(8)
 
 
+def fuzz(n: int, seed: int, gemma: str | None) -> int:
+    """Compare edgellm's Tokenizer with llama.cpp on n random strings per vocab; returns the mismatch count."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    from edgellm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+    rng = random.Random(seed)
+    alphabet = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789     \t\n\r.,!?'\"-_()[]{}<>/\\|@#$%^&*+=~`;:")
+                + list("日本語中文한국어éèçñüßøåαβγδЖжשלוםمرحباहिन्दीไทย🤖🦙👍🏽\u200d\u0301\u00a0\u3000\u2028\x01\x7f\ue000")
+                + ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                   "<tool_call>", "'s", "'re", " '", " ?", "</div>", "<unused5>", "[multimodal]", "\n\n\n", "    "])
+
+    def text() -> str:
+        if rng.random() < 0.2:
+            s = rng.choice(STRINGS)
+            i = rng.randrange(len(s) + 1)
+            return s[i:rng.randrange(i, len(s) + 1)]
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
+
+    def run(tok: Tokenizer, vocab: LlamaVocab, name: str) -> int:
+        bad = 0
+        for _ in range(n):
+            t, special = text(), rng.random() < 0.5
+            ref = vocab.tokenize(t, add_special=False, parse_special=special)
+            ids = ([tok.bos_id] if tok.bos_id is not None and rng.random() < 0.3 else []) + ref
+            skip = rng.random() < 0.5
+            want = vocab.detokenize(ids, remove_special=skip, unparse_special=not skip)
+            detok = IncrementalDetokenizer(tok, skip_special=skip)
+            stream = "".join(detok.add(i) for i in ids) + detok.flush()
+            if (tok.encode(t, add_bos=False, special=special) != ref or tok.decode_bytes(ids, skip_special=skip) != want
+                    or stream != want.decode("utf-8", "replace")):
+                bad += 1
+                print(f"{name}: mismatch on {t!r} (special={special}, skip_special={skip})")
+        print(f"{name}: {bad} mismatches in {n} strings")
+        return bad
+
+    def small_meta(path: Path) -> dict:
+        import gguf
+
+        return {k: f.contents() for k, f in gguf.GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")}
+
+    bad = run(Tokenizer.from_metadata(small_meta(SPM_GGUF)), LlamaVocab(str(SPM_GGUF)), "spm-tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in BPE_PRES:
+            path = Path(tmp) / f"bpe_{pre}.gguf"
+            write_bpe_gguf(path, *read_small_gguf(BPE_GGUF), pre)
+            bad += run(Tokenizer.from_metadata(small_meta(path)), LlamaVocab(str(path)), f"bpe-{pre}")
+    if gemma:
+        from edgellm.gguf_file import read_gguf
+
+        bad += run(Tokenizer.from_metadata(read_gguf(gemma).metadata), LlamaVocab(gemma), "gemma3")
+    return bad
+
+
 def _write(path: Path, data: dict) -> None:
     """One JSON line per case / piece, so diffs stay readable."""
     dump = lambda v: json.dumps(v, ensure_ascii=False)  # noqa: E731
@@ -282,7 +336,12 @@ def _write(path: Path, data: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gemma", default=os.environ.get("EDGELLM_MODEL", GEMMA_DEFAULT))
+    ap.add_argument("--fuzz", type=int, default=0, metavar="N",
+                    help="instead of writing goldens, compare edgellm with llama.cpp on N random strings per vocab")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.fuzz:
+        sys.exit(1 if fuzz(args.fuzz, args.seed, args.gemma if Path(args.gemma).is_file() else None) else 0)
     bpe_goldens()
     spm_golden()
     if Path(args.gemma).is_file():
