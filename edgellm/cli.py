@@ -160,5 +160,30 @@ def perplexity(model, file, ctx, as_json, threads):
         click.echo(json.dumps({"ppl": res.ppl, "n_tokens": res.n_tokens, "nll": res.nll}))
 
 
+@main.command()
+@model_option
+@click.option("-p", "n_prompt", type=click.IntRange(min=0), default=512, show_default=True, help="Prompt tokens (pp).")
+@click.option("-n", "n_gen", type=click.IntRange(min=0), default=128, show_default=True, help="Generated tokens (tg).")
+@click.option("--repetitions", "-r", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@threads_option
+@friendly_errors
+def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
+    """Throughput like llama-bench: prompt processing and token generation tokens/s, peak RSS."""
+    from edgellm.bench import bench as run
+
+    llm = _llm(model, threads, ctx_size=max(n_prompt, n_gen) + 16)
+    r = run(llm, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions)
+    if as_json:
+        click.echo(json.dumps(r.as_dict()))
+        return
+    click.echo(f"model    {llm.loaded.path}\nthreads  {r.threads}")
+    if r.pp_tps is not None and n_prompt:
+        click.echo(f"pp{n_prompt:<6d} {r.pp_tps:10.2f} tokens/s")
+    if r.tg_tps is not None and n_gen:
+        click.echo(f"tg{n_gen:<6d} {r.tg_tps:10.2f} tokens/s")
+    click.echo(f"peak RSS {r.rss_mb:.0f} MiB")
+
+
 if __name__ == "__main__":
     main()

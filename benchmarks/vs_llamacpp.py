@@ -1,0 +1,86 @@
+"""edgellm vs llama.cpp (llama-cpp-python), side by side on the same model and thread count.
+
+    python benchmarks/vs_llamacpp.py [--model GGUF] [-p 512] [-n 128] [--threads 2] [--repetitions 3]
+
+Each repetition runs one fresh process per engine, alternating (edgellm, llama.cpp, edgellm, ...), so machine
+noise hits both alike; prints the medians of pp/tg tokens/s and peak RSS, and the ratios edgellm / llama.cpp.
+Needs the `bench` extra (llama-cpp-python).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+LLAMA_CPP_CHILD = r"""
+import json, resource, sys, time
+import numpy as np
+import llama_cpp
+model, p, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = llama_cpp.Llama(model, n_ctx=max(p, n) + 16, n_batch=max(p, 1), n_ubatch=512, n_threads=threads,
+                      n_threads_batch=threads, verbose=False)
+rng = np.random.default_rng(0)
+vocab = llm.n_vocab()
+out = {}
+if p:
+    toks = rng.integers(0, vocab, p).tolist()
+    llm.reset(); t = time.perf_counter(); llm.eval(toks); out["pp_tps"] = p / (time.perf_counter() - t)
+if n:
+    llm.reset(); tok = int(rng.integers(0, vocab)); t = time.perf_counter()
+    for i in range(n):
+        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    out["tg_tps"] = n / (time.perf_counter() - t)
+out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def run_edgellm(model, p, n, threads) -> dict:
+    cmd = [sys.executable, "-m", "edgellm.cli", "bench", "-p", str(p), "-n", str(n), "-r", "1",
+           "--threads", str(threads), "--json"] + (["--model", model] if model else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    return json.loads(out)
+
+
+def run_llamacpp(model, p, n, threads) -> dict:
+    out = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, model, str(p), str(n), str(threads)],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    return json.loads(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repetitions", type=int, default=3)
+    a = ap.parse_args()
+    if a.model is None:
+        from edgellm.model_path import resolve_model
+
+        a.model = resolve_model(None)
+    runs = {"edgellm": [], "llama.cpp": []}
+    for r in range(a.repetitions):
+        for name, fn in (("edgellm", run_edgellm), ("llama.cpp", run_llamacpp)):
+            res = fn(a.model, a.p, a.n, a.threads)
+            runs[name].append(res)
+            print(f"rep {r + 1} {name:9s} " + " ".join(f"{k}={v:.1f}" for k, v in res.items()
+                                                       if k in ("pp_tps", "tg_tps", "rss_mb")), flush=True)
+    med = {name: {k: statistics.median(x[k] for x in rs) for k in ("pp_tps", "tg_tps", "rss_mb")}
+           for name, rs in runs.items()}
+    print(f"\nmodel {a.model}, threads {a.threads}, {a.repetitions} repetitions (medians)")
+    print(f"{'':10s} {'pp' + str(a.p) + ' t/s':>12s} {'tg' + str(a.n) + ' t/s':>12s} {'peak RSS MiB':>13s}")
+    for name, m in med.items():
+        print(f"{name:10s} {m['pp_tps']:12.1f} {m['tg_tps']:12.1f} {m['rss_mb']:13.0f}")
+    e, l = med["edgellm"], med["llama.cpp"]
+    print(f"{'ratio':10s} {e['pp_tps'] / l['pp_tps']:12.2f} {e['tg_tps'] / l['tg_tps']:12.2f} "
+          f"{e['rss_mb'] / l['rss_mb']:13.2f}")
+    print(json.dumps({"ratio_pp": e["pp_tps"] / l["pp_tps"], "ratio_tg": e["tg_tps"] / l["tg_tps"],
+                      "ratio_rss": e["rss_mb"] / l["rss_mb"], "medians": med}))
+
+
+if __name__ == "__main__":
+    main()
