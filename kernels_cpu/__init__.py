@@ -1,0 +1,14 @@
+"""CPU kernels (Numba): fused dequantizing matmul for GGUF weights, attention, element-wise ops.
+
+Public matmul API:
+    prepare_weight(raw, qtype, shape) -> PreparedWeight   # repack GGUF bytes once at load time
+    matmul(x, pw, out=None) -> y                          # y (M, N) = x (M, K) @ W.T
+    get_rows(pw, ids) -> rows                             # dequantized rows (embedding lookup)
+    set_threads(n)                                        # kernel threads (default: physical cores)
+"""
+from ._jit import get_threads, set_threads
+from .matmul import PreparedWeight, get_rows, matmul, prepare_weight
+
+set_threads()
+
+__all__ = ["PreparedWeight", "get_rows", "get_threads", "matmul", "prepare_weight", "set_threads"]

@@ -1,0 +1,174 @@
+"""Fused dequantizing matmul: the public entry points and the prepared-weight object.
+
+    pw = prepare_weight(raw, qtype, (N, K))   # repack once at load time
+    y = matmul(x, pw)                          # x (M, K) float32 -> y (M, N) = x @ W.T
+    rows = get_rows(pw, ids)                   # dequantized rows (embedding lookup)
+
+Quantized weights are never expanded to float32: the kernels read the packed codes and multiply them with
+activations quantized to 8 bits per block (per 32 for the simple formats, per 256 for the k-quants, as
+llama.cpp does), in integer SIMD, scaling per block in float32. Float weights (F32/F16/BF16) use float
+activations. One code path serves every M, so a row's output does not depend on the batch size.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quant.types import FORMATS, QuantType, row_bytes
+
+from ._jit import get_threads
+from .matmul_driver import MB, driver, quantize_act
+from .matmul_ir import R
+from .repack import LAYOUTS, repack
+
+# Work (multiply-adds) below which one thread is used: thread start-up costs more than it saves.
+PARALLEL_MIN_MACS = 1 << 18
+
+
+@dataclass(eq=False)
+class PreparedWeight:
+    """A weight matrix W (N, K) in the kernels' layout.
+
+    qtype: storage type; shape: (N, K) (N outputs, K inputs); qs (G, NB, QB) uint8 packed codes and
+    sc (G, NB, SB) uint8 scales in groups of 16 rows (see repack.py); raw: the original (N, row_bytes) bytes
+    (a zero-copy view when loaded from a file), used by get_rows.
+    """
+
+    qtype: QuantType
+    shape: tuple[int, int]
+    qs: np.ndarray = field(repr=False)
+    sc: np.ndarray = field(repr=False)
+    raw: np.ndarray = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the repacked weight (what a matmul reads)."""
+        return self.qs.nbytes + self.sc.nbytes
+
+
+SUPPORTED = frozenset(LAYOUTS)
+
+
+def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, int]) -> PreparedWeight:
+    """Validate and repack a weight for `matmul`.
+
+    raw: uint8 (N, row_bytes) — GGUF tensor bytes (a flat (N*row_bytes,) array is accepted too);
+    qtype: a QuantType; shape: (N, K) with K the input dimension (GGUF's ne = [K, N]).
+    Raises ValueError if the type is unsupported or raw does not match shape and qtype.
+    """
+    try:
+        qtype = QuantType(int(qtype))
+    except ValueError:
+        raise ValueError(f"unknown quantization type id {qtype!r}") from None
+    if qtype not in SUPPORTED:
+        raise ValueError(f"matmul does not support {qtype.name}; supported: "
+                         f"{', '.join(sorted(t.name for t in SUPPORTED))}")
+    if len(tuple(shape)) != 2:
+        raise ValueError(f"{qtype.name}: shape must be (N, K), got {shape!r}")
+    n, k = (int(s) for s in shape)
+    if n <= 0 or k <= 0:
+        raise ValueError(f"{qtype.name}: shape must be positive, got {shape!r}")
+    rb = row_bytes(qtype, k)  # raises ValueError when K is not a whole number of blocks
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
+        raise ValueError(f"{qtype.name}: raw must be a numpy uint8 array, got "
+                         f"{type(raw).__name__} {getattr(raw, 'dtype', '')}")
+    if raw.ndim == 1 and raw.size == n * rb:
+        raw = raw.reshape(n, rb)
+    if raw.shape != (n, rb):
+        raise ValueError(f"{qtype.name}: raw has shape {raw.shape}, expected ({n}, {rb}) for shape (N={n}, K={k})")
+    if not raw.flags.c_contiguous:
+        raw = np.ascontiguousarray(raw)
+    qs, sc = repack(raw, qtype, n, k)
+    return PreparedWeight(qtype, (n, k), qs, sc, raw)
+
+
+def _prepare_x(x: np.ndarray, pw: PreparedWeight):
+    """Activations in the kernel's form: (xq, dx, bs) — int16 codes, scales and sums, or float32 padded."""
+    lay = LAYOUTS[pw.qtype]
+    M, K = x.shape
+    if lay.act_block == 0:
+        kp = pw.qs.shape[1] * lay.block
+        if kp != K:
+            xp = np.zeros((M, kp), np.float32)
+            xp[:, :K] = x
+            x = xp
+        dummy = np.zeros((1, 1), np.float32)
+        return x, dummy, np.zeros((1, 1), np.int32)
+    xq = np.empty((M, K), np.int16)
+    dx = np.empty((M, K // lay.act_block), np.float32)
+    bs = np.empty((M, K // 16), np.int32)
+    quantize_act(xq, dx, bs, x, lay.act_block)
+    return xq, dx, bs
+
+
+def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T for a prepared weight W (N, K).
+
+    x: float32 (M, K) (converted to C-contiguous float32 if needed); out: optional float32 (M, N)
+    C-contiguous array to write into. Returns y (M, N) float32. Row i of y depends only on row i of x.
+    """
+    n, k = pw.shape
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"matmul: x has shape {x.shape}, expected (M, {k}) for weight {pw.qtype.name} {pw.shape}")
+    m = x.shape[0]
+    if out is None:
+        out = np.empty((m, n), np.float32)
+    elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"matmul: out must be C-contiguous float32 {(m, n)}, got {out.dtype} {out.shape}")
+    if m == 0:
+        return out
+    xq, dx, bs = _prepare_x(x, pw)
+    run = driver(int(pw.qtype))
+    groups = pw.qs.shape[0]
+    threads = min(get_threads(), groups)
+    if threads == 1 or m * n * k < PARALLEL_MIN_MACS:
+        run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups, np.empty(MB * R, np.float32))
+    else:
+        _run_threads(run, threads, out, xq, dx, bs, pw)
+    return out
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None:
+    """Split the row groups into `threads` contiguous chunks; the kernels release the GIL."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers < threads - 1:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="edgellm-matmul")
+    groups = pw.qs.shape[0]
+    bounds = [groups * c // threads for c in range(threads + 1)]
+    scratch = np.empty((threads, MB * R), np.float32)
+    futs = [_POOL.submit(run, out, xq, dx, bs, pw.qs, pw.sc, bounds[c], bounds[c + 1], scratch[c])
+            for c in range(1, threads)]
+    run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1], scratch[0])
+    for f in futs:
+        f.result()
+
+
+def get_rows(pw: PreparedWeight, ids) -> np.ndarray:
+    """Dequantized rows W[ids] as float32 (len(ids), K) — an embedding lookup (also for a tied output head).
+
+    Bit-exact with the reference dequantizer (quant.formats.dequantize); only the selected rows are read.
+    """
+    from quant.formats import dequantize
+
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise ValueError(f"get_rows: ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    n, k = pw.shape
+    if ids.size and (ids.min() < -n or ids.max() >= n):
+        raise ValueError(f"get_rows: ids out of range [0, {n})")
+    if ids.size == 0:
+        return np.empty((0, k), np.float32)
+    out = dequantize(pw.raw[ids.astype(np.int64)], pw.qtype)
+    return np.ascontiguousarray(out.reshape(len(ids), k), dtype=np.float32)
+
+
+def weight_bytes(pw: PreparedWeight) -> int:
+    """Bytes of the weight as stored in the file (N * row_bytes)."""
+    n, k = pw.shape
+    return n * (k // FORMATS[pw.qtype].block_size) * FORMATS[pw.qtype].type_size

@@ -1,0 +1,101 @@
+"""Numba drivers of the fused matmul: activation quantization and the loops around `qdot`.
+
+Loop order per thread chunk of row groups: activation row tiles of MT rows (kept in L2), then each row group,
+then MB activation rows at a time (weights loaded once for MB rows), then the K blocks. Every output element
+is computed by the same instruction sequence whatever M is, so results are batch invariant.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from . import matmul_k, matmul_q  # noqa: F401  (register the IR bodies)
+from ._jit import jit
+from .matmul_ir import R, qdot
+
+MB = 4  # activation rows per kernel call
+MT = 64  # activation rows per L2 tile
+
+
+@jit
+def quantize_act(xq, dx, bs, x, qb):
+    """Quantize activation rows to int16 codes in -127..127 per block of qb (like ggml's Q8_0 / Q8_K).
+
+    x (M, K) float32 -> xq (M, K) int16, dx (M, K/qb) float32 scales, bs (M, K/16) int32 sums of 16 codes.
+    """
+    M, K = x.shape
+    half = np.float32(0.5)
+    for m in range(M):
+        for blk in range(K // qb):
+            amax = np.float32(0.0)
+            for k in range(blk * qb, (blk + 1) * qb):
+                amax = max(amax, abs(x[m, k]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            dx[m, blk] = d
+            for k in range(blk * qb, (blk + 1) * qb):
+                v = x[m, k] * inv
+                q = np.floor(v + half) if v >= 0 else np.ceil(v - half)  # roundf: half away from zero
+                xq[m, k] = np.int16(q)
+        for j in range(K // 16):
+            s = np.int32(0)
+            for k in range(16 * j, 16 * j + 16):
+                s += np.int32(xq[m, k])
+            bs[m, j] = s
+
+
+def make_driver(fmt: int, cache: bool = True):
+    """The driver for one format: a closure over the literal `fmt` (Numba caches closures per value).
+    cache=False gives a fresh dispatcher whose assembly can be inspected (tests)."""
+
+    def run_groups(y, xq, dx, bs, qs, sc, g0, g1, facc):
+        """y[:, 16*g0 : 16*g1] for row groups g0..g1-1; facc (MB*16,) float32 scratch."""
+        M, N = y.shape
+        NB, QB = qs.shape[1], qs.shape[2]
+        SB = sc.shape[2]
+        Kx = xq.shape[1]
+        BS = Kx // NB
+        nbx = dx.shape[1]
+        nbs = bs.shape[1]
+        xf = xq.reshape(-1)
+        dxf = dx.reshape(-1)
+        bsf = bs.reshape(-1)
+        qsf = qs.reshape(-1)
+        scf = sc.reshape(-1)
+        for mt in range(0, M, MT):
+            me = min(mt + MT, M)
+            for g in range(g0, g1):
+                m0 = mt
+                while m0 < me:
+                    mb = MB if me - m0 >= MB else 1  # remainder rows one at a time (same per-row arithmetic)
+                    facc[:] = 0
+                    for b in range(NB):
+                        qo = (g * NB + b) * QB
+                        so = (g * NB + b) * SB
+                        xo = m0 * Kx + b * BS
+                        do = m0 * nbx + b
+                        bo = m0 * nbs + b * (BS // 16)
+                        if mb == MB:
+                            qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
+                        else:
+                            qdot(fmt, 1, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
+                    n0 = g * R
+                    nr = min(R, N - n0)
+                    for i in range(mb):
+                        for r in range(nr):
+                            y[m0 + i, n0 + r] = facc[i * R + r]
+                    m0 += mb
+
+    run_groups.__qualname__ = run_groups.__name__ = f"run_groups_{fmt}"
+    return jit(run_groups) if cache else numba.njit(nogil=True)(run_groups)
+
+
+_DRIVERS: dict[int, object] = {}
+
+
+def driver(fmt: int):
+    """Compiled (lazily, cached on disk) driver `run(y, xq, dx, bs, qs, sc, g0, g1, facc)` for a QuantType id."""
+    d = _DRIVERS.get(fmt)
+    if d is None:
+        d = _DRIVERS[fmt] = make_driver(int(fmt))
+    return d

@@ -1,0 +1,250 @@
+"""SIMD building blocks for the fused matmul kernels, written as LLVM IR through a Numba intrinsic.
+
+Plain Numba loops do not reliably give packed integer multiply-adds (LLVM widens to int64, or leaves
+16/32-trip block loops scalar), so the inner block of each format is spelled out here as vector IR:
+
+* a weight *row group* is R = 16 output rows; one "pair vector" holds 32 bytes = elements (2p, 2p+1) of
+  each of the 16 rows (lane 2r+e), so a packed multiply-add (vpmaddwd) against the broadcast activation pair
+  (x[2p], x[2p+1]) yields 16 int32 partial dot products, one per row, with no horizontal reductions;
+* float arithmetic is explicit (fmul, then llvm.fma in a fixed order), so a row's result never depends on
+  how many activation rows are processed together (batch invariance).
+
+`qdot(FMT, MB, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff)`
+processes one (row group, K block) for MB activation rows and adds into facc (MB*16,) float32. FMT (the
+QuantType id) and MB are compile-time literals; the per-format body is looked up in BODIES, which the
+matmul_q / matmul_k / matmul_float modules fill.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ._jit import host_features
+
+R = 16  # output rows per group (lanes of one 512-bit float vector)
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32 = ir.HalfType(), ir.FloatType()
+
+
+def V(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+class Emit:
+    """IR helpers bound to one intrinsic call site: pointers into the flat arrays and vector ops."""
+
+    def __init__(self, context, builder, sig, args):
+        self.b = builder
+        (_, _, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff) = args
+        aty = sig.args
+
+        def data(i, v):
+            return builder.bitcast(context.make_array(aty[i])(context, builder, v).data, I8.as_pointer())
+
+        self.facc = data(2, facc)
+        self.xq, self.xoff, self.xstride = data(3, xq), xoff, xstride
+        self.xsize = aty[3].dtype.bitwidth // 8  # int16 activations (quantized) or float32 (float formats)
+        self.dx, self.dxoff, self.dxstride = data(6, dx), dxoff, dxstride
+        self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
+        self.qs = builder.gep(data(12, qs), [qoff])
+        self.sc = builder.gep(data(14, sc), [soff])
+
+    # -- memory ---------------------------------------------------------------------------------------
+    def at(self, base, off):
+        """Byte pointer base + off (off: int or i64 value)."""
+        if isinstance(off, int):
+            off = ir.Constant(I64, off)
+        return self.b.gep(base, [off])
+
+    def load(self, base, off, ty, align=1):
+        return self.b.load(self.b.bitcast(self.at(base, off), ty.as_pointer()), align=align)
+
+    def store(self, val, base, off):
+        self.b.store(val, self.b.bitcast(self.at(base, off), val.type.as_pointer()), align=4)
+
+    def elem_off(self, off, stride, i, extra, size):
+        """Byte offset ((off + i*stride + extra) * size) of element i rows down (extra: int or i64 value)."""
+        b = self.b
+        e = b.add(off, b.mul(stride, ir.Constant(I64, i))) if i else off
+        if not isinstance(extra, int) or extra:
+            e = b.add(e, ir.Constant(I64, extra) if isinstance(extra, int) else extra)
+        return b.mul(e, ir.Constant(I64, size))
+
+    def lin(self, t, a: int, c: int = 0):
+        """t*a + c, where t is a Python int or an i64 loop index."""
+        if isinstance(t, int):
+            return t * a + c
+        v = self.b.mul(t, ir.Constant(I64, a)) if a != 1 else t
+        return self.b.add(v, ir.Constant(I64, c)) if c else v
+
+    def loop(self, n: int, fn: Callable, state: list) -> list:
+        """Run state = fn(t, state) for t in 0..n-1 as an IR loop (keeps code small); state: list of vectors."""
+        from numba.core import cgutils
+
+        b = self.b
+        ptrs = [cgutils.alloca_once_value(b, v) for v in state]
+        with cgutils.for_range(b, ir.Constant(I64, n)) as lp:
+            new = fn(lp.index, [b.load(p) for p in ptrs])
+            for p, v in zip(ptrs, new):
+                b.store(v, p)
+        return [b.load(p) for p in ptrs]
+
+    # -- activations ----------------------------------------------------------------------------------
+    def xpair(self, i: int, k: int):
+        """Activation row i, elements (k, k+1) of the current block as a broadcast <32 x i16>."""
+        v = self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32)
+        return self.b.bitcast(self.splat(v, 16), V(I16, 32))
+
+    def xval(self, i: int, k: int):
+        """Float activation row i, element k of the current block, broadcast to <16 x float>."""
+        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 4), F32), R)
+
+    def dxs(self, i: int):
+        """Activation scale of row i for the current block, broadcast <16 x float>."""
+        return self.splat(self.load(self.dx, self.elem_off(self.dxoff, self.dxstride, i, 0, 4), F32), R)
+
+    def bsum(self, i: int, j: int):
+        """Sum of quantized activations of row i over its j-th 16-element run of the current block (i32)."""
+        return self.load(self.bs, self.elem_off(self.bsoff, self.bsstride, i, j, 4), I32)
+
+    # -- vector ops -----------------------------------------------------------------------------------
+    def splat(self, v, n: int):
+        b = self.b
+        vec = b.insert_element(ir.Constant(V(v.type, n), ir.Undefined), v, ir.Constant(I32, 0))
+        return b.shuffle_vector(vec, ir.Constant(V(v.type, n), ir.Undefined), ir.Constant(V(I32, n), [0] * n))
+
+    def const(self, ty, n, val):
+        return ir.Constant(V(ty, n), [val] * n)
+
+    def zeros_i32(self):
+        return ir.Constant(V(I32, R), [0] * R)
+
+    def wvec(self, off):
+        """32 weight bytes of the current (group, block) at byte offset off: <32 x i8>."""
+        return self.load(self.qs, off, V(I8, 32))
+
+    def wbits(self, off):
+        """32 one-bit flags (u32 at byte offset off) as <32 x i8> of 0/1."""
+        bits = self.b.bitcast(self.load(self.qs, off, I32), V(I1, 32))
+        return self.b.zext(bits, V(I8, 32))
+
+    def f16x16(self, off):
+        """16 f16 values at byte offset off of the scale block, as <16 x float>."""
+        return self.b.fpext(self.load(self.sc, off, V(F16, R)), V(F32, R))
+
+    def u8x16(self, off, signed=False):
+        """16 bytes at byte offset off of the scale block, widened to <16 x i32>."""
+        v = self.load(self.sc, off, V(I8, R))
+        return self.b.sext(v, V(I32, R)) if signed else self.b.zext(v, V(I32, R))
+
+    def lo4(self, v):
+        return self.b.and_(v, self.const(I8, 32, 0x0F))
+
+    def hi4(self, v):
+        return self.b.lshr(v, self.const(I8, 32, 4))
+
+    def bits2(self, v, shift: int):
+        return self.b.and_(self.b.lshr(v, self.const(I8, 32, shift)), self.const(I8, 32, 3))
+
+    def shl(self, v, n: int):
+        return self.b.shl(v, self.const(I8, 32, n))
+
+    def sub8(self, v, n: int):
+        return self.b.sub(v, self.const(I8, 32, n))
+
+    def s16(self, v):
+        """<32 x i8> signed -> <32 x i16>."""
+        return self.b.sext(v, V(I16, 32))
+
+    def pmadd(self, w16, x16):
+        """Pairwise multiply-add <32 x i16> x <32 x i16> -> <16 x i32> (vpmaddwd)."""
+        b = self.b
+        feats = host_features()
+        mod = b.module
+        if "avx512bw" in feats:
+            name = "llvm.x86.avx512.pmaddw.d.512"
+            fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(I32, 16), [V(I16, 32)] * 2), name)
+            return b.call(fn, [w16, x16])
+        if "avx2" in feats:  # two 256-bit halves
+            name = "llvm.x86.avx2.pmadd.wd"
+            fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(I32, 8), [V(I16, 16)] * 2), name)
+            und = ir.Constant(V(I16, 32), ir.Undefined)
+            halves = []
+            for h in range(2):
+                idx = ir.Constant(V(I32, 16), list(range(16 * h, 16 * h + 16)))
+                halves.append(b.call(fn, [b.shuffle_vector(w16, und, idx), b.shuffle_vector(x16, und, idx)]))
+            return b.shuffle_vector(halves[0], halves[1], ir.Constant(V(I32, 16), list(range(16))))
+        # portable form; LLVM lowers it to the target's widening multiply-add where one exists
+        m = b.mul(b.sext(w16, V(I32, 32)), b.sext(x16, V(I32, 32)))
+        und = ir.Constant(V(I32, 32), ir.Undefined)
+        ev = b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(0, 32, 2))))
+        od = b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(1, 32, 2))))
+        return b.add(ev, od)
+
+    def add(self, a, c):
+        return self.b.add(a, c)
+
+    def mul(self, a, c):
+        return self.b.mul(a, c)
+
+    def fmul(self, a, c):
+        return self.b.fmul(a, c)
+
+    def fneg(self, a):
+        return self.b.fneg(a)
+
+    def cvt(self, v):
+        return self.b.sitofp(v, V(F32, R))
+
+    def fma(self, a, c, acc):
+        """a*c + acc, always fused (same rounding whatever the surrounding code)."""
+        mod = self.b.module
+        name = "llvm.fma.v16f32"
+        fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(F32, R), [V(F32, R)] * 3), name)
+        return self.b.call(fn, [a, c, acc])
+
+    # -- output accumulator -----------------------------------------------------------------------------
+    def facc_add(self, i: int, fn: Callable):
+        """facc[i*16:(i+1)*16] = fn(facc[i*16:(i+1)*16])."""
+        old = self.load(self.facc, i * R * 4, V(F32, R))
+        self.store(fn(old), self.facc, i * R * 4)
+
+
+# FMT (QuantType id) -> body(e: Emit, mb: int) emitting the work for one (row group, K block).
+BODIES: dict[int, Callable[[Emit, int], None]] = {}
+
+
+def register(*fmts: int):
+    """Decorator: register an IR body for the given QuantType ids."""
+
+    def deco(fn):
+        for f in fmts:
+            BODIES[int(f)] = fn
+        return fn
+
+    return deco
+
+
+@intrinsic(prefer_literal=True)
+def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc,
+         soff):
+    """One (row group, K block) of a fused matmul for mb activation rows; see the module docstring."""
+    if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
+        return None
+    body = BODIES[fmt.literal_value]
+    nrows = mb.literal_value
+    sig = types.void(fmt, mb, facc, xq, types.int64, types.int64, dx, types.int64, types.int64, bs,
+                     types.int64, types.int64, qs, types.int64, sc, types.int64)
+
+    def codegen(context, builder, signature, args):
+        args = list(args)
+        for k in (4, 5, 7, 8, 10, 11, 13, 15):  # integer offsets -> i64
+            args[k] = context.cast(builder, args[k], signature.args[k], types.int64)
+        body(Emit(context, builder, signature, args), nrows)
+        return context.get_dummy_value()
+
+    return sig, codegen

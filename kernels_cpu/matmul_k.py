@@ -1,0 +1,166 @@
+"""IR bodies of the k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): one 256-element super-block per call.
+
+Repacked layout of one (row group, super-block) — see repack.py. Elements come in 8 runs t of 32
+(16 pairs pp each); pair vectors as in matmul_q:
+  nibble plane (Q4_K, Q5_K, Q6_K): 64 vectors, vector t*8+v holds pair v (low) and pair v+8 (high) of run t;
+  2-bit plane (Q6_K high bits at +2048, Q2_K / Q3_K low bits at 0): 32 vectors, vector t*4+u holds pairs
+      u, u+4, u+8, u+12 of run t in bits 0-1, 2-3, 4-5, 6-7;
+  bit plane (Q5_K bit 4 at +2048, Q3_K bit 2 at +1024): one u32 per pair (t*16+pp), bit = lane.
+  sc: per-sub-block scales for the 16 rows (u8 or i8, sub-block-major), then f16 d [, f16 dmin].
+Activations: int16 quantized per 256 (like Q8_K) with one dx, bs = sums per 16.
+Integer sums are scaled by the integer sub-block scales and accumulated exactly in int32, then
+y[r] += d[r]*dx * sum_j sc_j*isum_j  (- dmin[r]*dx * sum_j m_j*bsum_j for the formats with mins).
+"""
+from __future__ import annotations
+
+from quant.types import QuantType as Q
+
+from .matmul_ir import F32, R, Emit, register
+
+
+def _accumulate(e: Emit, mb: int, acc, isums, scale) -> list:
+    return [e.add(acc[i], e.mul(isums[i], scale)) for i in range(mb)]
+
+
+def _finish(e: Emit, mb: int, acc, macc, doff: int) -> None:
+    """facc += cvt(acc)*(d*dx) [- cvt(macc)*(dmin*dx)], in this order."""
+    d = e.f16x16(doff)
+    dmin = e.f16x16(doff + 32) if macc is not None else None
+    for i in range(mb):
+        dxi = e.splat(e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32), R)
+        t = e.fmul(d, dxi)
+        a = e.cvt(acc[i])
+        if macc is None:
+            e.facc_add(i, lambda f: e.fma(a, t, f))
+        else:
+            tm = e.fneg(e.fmul(dmin, dxi))
+            am = e.cvt(macc[i])
+            e.facc_add(i, lambda f: e.fma(am, tm, e.fma(a, t, f)))
+
+
+def _run_sums(e: Emit, mb: int, t, pairs) -> tuple[list, list]:
+    """Integer sums of the two 16-element sub-blocks (2t, 2t+1) of run t from its 16 pair vectors."""
+    lo, hi = [e.zeros_i32()] * mb, [e.zeros_i32()] * mb
+    for pp, w in enumerate(pairs):
+        for i in range(mb):
+            prod = e.pmadd(w, e.xpair(i, e.lin(t, 32, 2 * pp)))
+            if pp < 8:
+                lo[i] = e.add(lo[i], prod)
+            else:
+                hi[i] = e.add(hi[i], prod)
+    return lo, hi
+
+
+def _min_sums(e: Emit, mb: int, macc, m, j0, nj: int) -> list:
+    """macc += m * (sum of activation runs j0 .. j0+nj-1 of 16)."""
+    out = []
+    for i in range(mb):
+        s = e.bsum(i, j0)
+        for j in range(1, nj):
+            s = e.add(s, e.bsum(i, e.lin(j0, 1, j)))
+        out.append(e.add(macc[i], e.mul(m, e.splat(s, R))))
+    return out
+
+
+def _over_runs(e: Emit, mb: int, run, with_min: bool):
+    """Loop run(t, acc, macc) -> (acc, macc) over the 8 runs of 32 elements; returns the final sums."""
+    zero = [e.zeros_i32()] * mb
+
+    def step(t, state):
+        acc, macc = state[:mb], state[mb:]
+        acc, macc = run(t, acc, macc)
+        return list(acc) + list(macc)
+
+    state = e.loop(8, step, zero + (zero if with_min else []))
+    return state[:mb], (state[mb:] if with_min else None)
+
+
+def _q45_k(e: Emit, mb: int, high_bits: bool) -> None:
+    def run(t, acc, macc):
+        pairs = [None] * 16
+        for v in range(8):
+            raw = e.wvec(e.lin(t, 256, 32 * v))
+            lo, hi = e.lo4(raw), e.hi4(raw)
+            if high_bits:
+                lo = e.b.or_(lo, e.shl(e.wbits(e.lin(t, 64, 2048 + 4 * v)), 4))
+                hi = e.b.or_(hi, e.shl(e.wbits(e.lin(t, 64, 2048 + 4 * (v + 8))), 4))
+            pairs[v], pairs[v + 8] = e.s16(lo), e.s16(hi)
+        s0, s1 = _run_sums(e, mb, t, pairs)
+        isum = [e.add(s0[i], s1[i]) for i in range(mb)]
+        acc = _accumulate(e, mb, acc, isum, e.u8x16(e.lin(t, 16)))
+        macc = _min_sums(e, mb, macc, e.u8x16(e.lin(t, 16, 128)), e.lin(t, 2), 2)
+        return acc, macc
+
+    acc, macc = _over_runs(e, mb, run, True)
+    _finish(e, mb, acc, macc, 256)
+
+
+@register(Q.Q4_K)
+def _q4_k(e: Emit, mb: int) -> None:
+    _q45_k(e, mb, False)
+
+
+@register(Q.Q5_K)
+def _q5_k(e: Emit, mb: int) -> None:
+    _q45_k(e, mb, True)
+
+
+@register(Q.Q6_K)
+def _q6_k(e: Emit, mb: int) -> None:
+    def run(t, acc, macc):
+        hv = [e.wvec(e.lin(t, 128, 2048 + 32 * u)) for u in range(4)]
+        pairs = [None] * 16
+        for v in range(8):
+            raw = e.wvec(e.lin(t, 256, 32 * v))
+            for pp, nib in ((v, e.lo4(raw)), (v + 8, e.hi4(raw))):
+                code = e.b.or_(nib, e.shl(e.bits2(hv[pp % 4], 2 * (pp // 4)), 4))
+                pairs[pp] = e.s16(e.sub8(code, 32))
+        s0, s1 = _run_sums(e, mb, t, pairs)
+        acc = _accumulate(e, mb, acc, s0, e.u8x16(e.lin(t, 32), signed=True))
+        acc = _accumulate(e, mb, acc, s1, e.u8x16(e.lin(t, 32, 16), signed=True))
+        return acc, macc
+
+    acc, _ = _over_runs(e, mb, run, False)
+    _finish(e, mb, acc, None, 256)
+
+
+def _crumb_pairs(e: Emit, t, bit_plane: bool):
+    """16 pair vectors of run t from the 2-bit plane [+ the Q3_K bit plane, minus 4]."""
+    lv = [e.wvec(e.lin(t, 128, 32 * u)) for u in range(4)]
+    pairs = []
+    for pp in range(16):
+        code = e.bits2(lv[pp % 4], 2 * (pp // 4))
+        if bit_plane:
+            code = e.sub8(e.b.or_(code, e.shl(e.wbits(e.lin(t, 64, 1024 + 4 * pp)), 2)), 4)
+        pairs.append(e.s16(code))
+    return pairs
+
+
+@register(Q.Q2_K)
+def _q2_k(e: Emit, mb: int) -> None:
+    b = e.b
+
+    def run(t, acc, macc):
+        s0, s1 = _run_sums(e, mb, t, _crumb_pairs(e, t, False))
+        for h, s in ((0, s0), (1, s1)):
+            packed = e.u8x16(e.lin(t, 32, 16 * h))
+            sc = b.and_(packed, e.const(packed.type.element, R, 15))
+            m = b.lshr(packed, e.const(packed.type.element, R, 4))
+            acc = _accumulate(e, mb, acc, s, sc)
+            macc = _min_sums(e, mb, macc, m, e.lin(t, 2, h), 1)
+        return acc, macc
+
+    acc, macc = _over_runs(e, mb, run, True)
+    _finish(e, mb, acc, macc, 256)
+
+
+@register(Q.Q3_K)
+def _q3_k(e: Emit, mb: int) -> None:
+    def run(t, acc, macc):
+        s0, s1 = _run_sums(e, mb, t, _crumb_pairs(e, t, True))
+        acc = _accumulate(e, mb, acc, s0, e.u8x16(e.lin(t, 32), signed=True))
+        acc = _accumulate(e, mb, acc, s1, e.u8x16(e.lin(t, 32, 16), signed=True))
+        return acc, macc
+
+    acc, _ = _over_runs(e, mb, run, False)
+    _finish(e, mb, acc, None, 256)

@@ -1,0 +1,126 @@
+"""IR bodies of the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the float formats.
+
+Repacked layout of one (row group, block) — see repack.py:
+  qs: pair vectors of 32 bytes (lane 2r+e = row r, element 2p+e), 4-bit codes two pairs per vector
+      (low nibble = pair v, high nibble = pair v+8), Q5 high bits as one u32 per pair (bit = lane);
+  sc: f16 d for the 16 rows, then (Q4_1 / Q5_1) f16 m for the 16 rows.
+Activations: int16 (quantized per 32 like Q8_0), dx per 32, bs = sums per 16.
+y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * dx*sum(xq) for the formats with a min).
+"""
+from __future__ import annotations
+
+from quant.types import QuantType as Q
+
+from .matmul_ir import F16, F32, I16, I32, R, V, Emit, register
+
+
+def _dot32(e: Emit, mb: int, pairs) -> list:
+    """Integer dot products of 16 weight pair vectors with each activation row: [<16 x i32>] * mb."""
+    acc = [e.zeros_i32()] * mb
+    for p, w in enumerate(pairs):
+        for i in range(mb):
+            acc[i] = e.add(acc[i], e.pmadd(w, e.xpair(i, 2 * p)))
+    return acc
+
+
+def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
+    """facc += cvt(acc) * (d*dx)  [+ m * dx*sum(xq)], always in this order."""
+    d = e.f16x16(0)
+    m = e.f16x16(32) if with_min else None
+    for i in range(mb):
+        dxi = e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32)
+        t = e.fmul(d, e.splat(dxi, R))
+        a = e.cvt(acc[i])
+        if with_min:
+            s = e.b.sitofp(e.add(e.bsum(i, 0), e.bsum(i, 1)), F32)
+            xs = e.splat(e.b.fmul(dxi, s), R)
+            e.facc_add(i, lambda f: e.fma(m, xs, e.fma(a, t, f)))
+        else:
+            e.facc_add(i, lambda f: e.fma(a, t, f))
+
+
+def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
+    """16 pair vectors (<32 x i16>, unsigned codes) from 8 nibble vectors [+ 16 u32 bit planes at 256]."""
+    pairs = [None] * 16
+    for v in range(8):
+        raw = e.wvec(32 * v)
+        lo, hi = e.lo4(raw), e.hi4(raw)
+        if high_bits:
+            lo = e.b.or_(lo, e.shl(e.wbits(256 + 4 * v), 4))
+            hi = e.b.or_(hi, e.shl(e.wbits(256 + 4 * (v + 8)), 4))
+        if offset:
+            lo, hi = e.sub8(lo, offset), e.sub8(hi, offset)
+        pairs[v], pairs[v + 8] = e.s16(lo), e.s16(hi)
+    return pairs
+
+
+@register(Q.Q8_0)
+def _q8_0(e: Emit, mb: int) -> None:
+    pairs = [e.s16(e.wvec(32 * p)) for p in range(16)]
+    _finish(e, mb, _dot32(e, mb, pairs), False)
+
+
+@register(Q.Q4_0)
+def _q4_0(e: Emit, mb: int) -> None:
+    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 8, False)), False)
+
+
+@register(Q.Q4_1)
+def _q4_1(e: Emit, mb: int) -> None:
+    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 0, False)), True)
+
+
+@register(Q.Q5_0)
+def _q5_0(e: Emit, mb: int) -> None:
+    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 16, True)), False)
+
+
+@register(Q.Q5_1)
+def _q5_1(e: Emit, mb: int) -> None:
+    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 0, True)), True)
+
+
+# -- float formats: qs holds 32 k-values x 16 rows (row fastest); activations are float32 ----------------------
+FLOAT_BLOCK = 32
+
+
+def _float_body(load_row):
+    def body(e: Emit, mb: int) -> None:
+        b = e.b
+        accs = [[None] * 4 for _ in range(mb)]  # 4 independent FMA chains per row, summed in a fixed order
+        for k in range(FLOAT_BLOCK):
+            w = load_row(e, k)
+            for i in range(mb):
+                x = e.xval(i, k)
+                prev = accs[i][k % 4]
+                accs[i][k % 4] = b.fmul(w, x) if prev is None else e.fma(w, x, prev)
+        for i in range(mb):
+            a = accs[i]
+            s = b.fadd(b.fadd(a[0], a[1]), b.fadd(a[2], a[3]))
+            e.facc_add(i, lambda f: b.fadd(f, s))
+    return body
+
+
+def _row_f32(e: Emit, k: int):
+    return e.load(e.qs, 64 * k, V(F32, R))
+
+
+def _row_f16(e: Emit, k: int):
+    return e.b.fpext(e.load(e.qs, 32 * k, V(F16, R)), V(F32, R))
+
+
+def _row_bf16(e: Emit, k: int):
+    b = e.b
+    v = b.zext(e.load(e.qs, 32 * k, V(I16, R)), V(I32, R))
+    return b.bitcast(b.shl(v, ir_const16(16)), V(F32, R))
+
+
+def ir_const16(n: int):
+    from llvmlite import ir
+
+    return ir.Constant(V(I32, R), [n] * R)
+
+
+register(Q.F32)(_float_body(_row_f32))
+register(Q.F16)(_float_body(_row_f16))
+register(Q.BF16)(_float_body(_row_bf16))

@@ -1,0 +1,191 @@
+"""Fused dequantizing matmul (kernels_cpu.matmul) against the NumPy reference dequantizer.
+
+Two references per case: a tight one that applies the kernels' activation quantization (int8 per 32 or
+per 256, like llama.cpp) and then computes x_hat @ W.T in float64, and a loose one, plain x @ W.T, with the
+error bound that activation rounding allows (sum_k |w_k| * dx_k / 2).
+"""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from kernels_cpu import get_rows, matmul, prepare_weight
+from kernels_cpu import _jit
+from kernels_cpu.matmul import PARALLEL_MIN_MACS, _prepare_x
+from kernels_cpu.matmul_driver import make_driver
+from kernels_cpu.repack import LAYOUTS
+from quant.formats import dequantize
+from quant.types import FORMATS, QuantType as Q
+
+# f16 scale fields per block (set finite and small so NaN/inf never reach the comparison)
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q2_K: (80, 82),
+              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+FLOATS = (Q.F32, Q.F16, Q.BF16)
+ALL_TYPES = FLOATS + tuple(F16_FIELDS)
+PRIORITY = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K)
+
+
+def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, row_bytes) uint8: random codes over their full range with random finite f16 scales."""
+    if qt in FLOATS:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        if qt == Q.F16:
+            w = w.astype(np.float16)
+        elif qt == Q.BF16:
+            w = (w.view(np.uint32) >> 16).astype(np.uint16)
+        return w.view(np.uint8).reshape(n, -1)
+    fmt = FORMATS[qt]
+    nb = k // fmt.block_size
+    raw = rng.integers(0, 256, (n, nb, fmt.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[qt]:
+        d = (rng.uniform(0.25, 1.0, (n, nb)) * rng.choice([-1, 1], (n, nb)) * 0.05).astype(np.float16)
+        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(n, nb, 2)
+    return raw.reshape(n, -1)
+
+
+def act_twin(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy twin of quantize_act: (x_hat float64 (M, K), dx per element float64 (M, K))."""
+    M, K = x.shape
+    xb = x.reshape(M, K // qb, qb).astype(np.float32)
+    d = np.abs(xb).max(-1, keepdims=True) / np.float32(127.0)  # (M, K/qb, 1) float32
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    v = (xb * inv).astype(np.float32)
+    q = np.where(v >= 0, np.floor(v + np.float32(0.5)), np.ceil(v - np.float32(0.5)))
+    x_hat = (q.astype(np.float64) * d.astype(np.float64)).reshape(M, K)
+    return x_hat, np.broadcast_to(d, xb.shape).reshape(M, K).astype(np.float64)
+
+
+def check(qt: Q, n: int, k: int, ms, rng, raw=None) -> None:
+    raw = random_weight(qt, n, k, rng) if raw is None else raw
+    w = dequantize(raw, qt).reshape(n, k).astype(np.float64)  # (N, K)
+    pw = prepare_weight(raw, qt, (n, k))
+    for m in ms:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = matmul(x, pw)
+        assert y.shape == (m, n) and y.dtype == np.float32
+        qb = LAYOUTS[qt].act_block
+        x_hat, dx = act_twin(x, qb) if qb else (x.astype(np.float64), np.zeros((m, k)))
+        tight = x_hat @ w.T
+        tol = 1e-5 * (np.abs(x_hat) @ np.abs(w).T) + 1e-30
+        np.testing.assert_array_less(np.abs(y - tight), tol, err_msg=f"{qt.name} {n}x{k} M={m} (tight)")
+        loose = x.astype(np.float64) @ w.T
+        bound = tol + 1.0001 * (0.5 * dx) @ np.abs(w).T
+        np.testing.assert_array_less(np.abs(y - loose), bound, err_msg=f"{qt.name} {n}x{k} M={m} (loose)")
+
+
+@pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda q: q.name)
+def test_matmul_matches_reference(qt):
+    rng = np.random.default_rng(int(qt))
+    bs = FORMATS[qt].block_size
+    kb = 256 if bs == 256 else 32  # one block
+    check(qt, 37, kb, [1, 2, 3, 4, 5, 9], rng)  # N not a multiple of 16, K one block
+    check(qt, 16, 3 * kb, [1, 8, 37], rng)  # several blocks, a prefill M (tiles of 4 + remainder)
+    if qt in FLOATS:
+        check(qt, 5, 40, [1, 3], rng)  # K not a multiple of 32 (zero-padded)
+
+
+@pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda q: q.name)
+def test_get_rows_bit_exact(qt):
+    rng = np.random.default_rng(100 + int(qt))
+    k = 256 if FORMATS[qt].block_size == 256 else 64
+    raw = random_weight(qt, 21, k, rng)
+    pw = prepare_weight(raw, qt, (21, k))
+    ids = np.array([3, 0, 20, 3, -1])
+    ref = dequantize(raw, qt).reshape(21, k)[ids]
+    got = get_rows(pw, ids)
+    assert got.dtype == np.float32 and got.shape == (5, k)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    assert get_rows(pw, np.array([], np.int64)).shape == (0, k)
+    with pytest.raises(ValueError):
+        get_rows(pw, np.array([21]))
+
+
+@pytest.mark.parametrize("qt", PRIORITY + (Q.F16,), ids=lambda q: q.name)
+def test_batch_invariance(qt):
+    """A row's result is bit-identical whatever the batch (M = 1, 8, 37; serial or threaded)."""
+    rng = np.random.default_rng(7)
+    k = 512
+    n = max(48, PARALLEL_MIN_MACS // (37 * k) + 16)  # M=37 takes the threaded path
+    pw = prepare_weight(random_weight(qt, n, k, rng), qt, (n, k))
+    x = rng.standard_normal((37, k)).astype(np.float32)
+    y37 = matmul(x, pw)
+    y8 = matmul(x[:8], pw)
+    for i in range(8):
+        y1 = matmul(x[i:i + 1], pw)
+        np.testing.assert_array_equal(y1[0], y8[i])
+        np.testing.assert_array_equal(y1[0], y37[i])
+    np.testing.assert_array_equal(matmul(x[5:30], pw), y37[5:30])
+    out = np.empty((37, n), np.float32)
+    assert matmul(x, pw, out) is out
+    np.testing.assert_array_equal(out, y37)
+
+
+def test_bad_shapes_raise():
+    rng = np.random.default_rng(1)
+    raw = random_weight(Q.Q8_0, 8, 64, rng)  # (8, 68)
+    with pytest.raises(ValueError, match="shape"):
+        prepare_weight(raw, Q.Q8_0, (8, 96))
+    with pytest.raises(ValueError, match="shape"):
+        prepare_weight(raw, Q.Q8_0, (9, 64))
+    with pytest.raises(ValueError):
+        prepare_weight(raw, Q.Q8_0, (8, 60))  # K not a whole number of blocks
+    with pytest.raises(ValueError, match="uint8"):
+        prepare_weight(raw.view(np.int8), Q.Q8_0, (8, 64))
+    with pytest.raises(ValueError, match="Q8_K"):
+        prepare_weight(raw, Q.Q8_K, (8, 64))
+    with pytest.raises(ValueError):
+        prepare_weight(raw, 999, (8, 64))
+    with pytest.raises(ValueError):
+        prepare_weight(random_weight(Q.Q4_K, 4, 256, rng), Q.Q4_K, (4, 128))
+    pw = prepare_weight(raw.reshape(-1), Q.Q8_0, (8, 64))  # flat bytes are accepted
+    with pytest.raises(ValueError, match="x has shape"):
+        matmul(np.zeros((2, 32), np.float32), pw)
+    with pytest.raises(ValueError, match="out"):
+        matmul(np.zeros((2, 64), np.float32), pw, np.zeros((2, 9), np.float32))
+    assert matmul(np.zeros((0, 64), np.float32), pw).shape == (0, 8)
+
+
+def test_activation_quantization_twin():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 512)) * 4).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block
+    pw = prepare_weight(random_weight(Q.Q8_0, 16, 512, rng), Q.Q8_0, (16, 512))
+    xq, dx, bs = _prepare_x(x, pw)
+    x_hat, _ = act_twin(x, 32)
+    np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(dx, 32, axis=1), x_hat)
+    np.testing.assert_array_equal(bs, xq.reshape(3, -1, 16).sum(-1))
+    assert np.abs(xq).max() <= 127
+
+
+@pytest.mark.parametrize("feats", [{"avx2"}, set()], ids=["avx2", "generic"])
+def test_portable_ir_paths(monkeypatch, feats):
+    """The AVX2 and target-independent forms of the packed multiply-add give the same results."""
+    rng = np.random.default_rng(11)
+    raw = random_weight(Q.Q4_K, 20, 256, rng)
+    pw = prepare_weight(raw, Q.Q4_K, (20, 256))
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    ref = matmul(x, pw)
+    monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
+    run = make_driver(int(Q.Q4_K), cache=False)
+    xq, dx, bs = _prepare_x(x, pw)
+    y = np.empty_like(ref)
+    run(y, xq, dx, bs, pw.qs, pw.sc, 0, pw.qs.shape[0], np.empty(64, np.float32))
+    np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 assembly check")
+def test_q8_0_gemv_uses_packed_multiply_add():
+    feats = _jit.host_features()
+    if "avx2" not in feats:
+        pytest.skip("no AVX2")
+    run = make_driver(int(Q.Q8_0), cache=False)
+    pw = prepare_weight(random_weight(Q.Q8_0, 16, 64, np.random.default_rng(0)), Q.Q8_0, (16, 64))
+    x = np.ones((1, 64), np.float32)
+    xq, dx, bs = _prepare_x(x, pw)
+    run(np.empty((1, 16), np.float32), xq, dx, bs, pw.qs, pw.sc, 0, 1, np.empty(64, np.float32))
+    asm = run.inspect_asm(run.signatures[0])
+    assert any(op in asm for op in ("vpmaddwd", "vpdpbusd", "vpdpwssd")), "no packed integer multiply-add"
+    assert "vpmuldq" not in asm
