@@ -54,19 +54,26 @@ def _cores_from_proc() -> int:
     return len(cores)
 
 
+_threads = 1
+
+
 def set_threads(n: int | None = None) -> int:
-    """Set the number of threads the parallel kernels use (default: physical cores, capped by Numba's
-    maximum). Returns the number set."""
+    """Set the number of threads the kernels use (default: physical cores, capped by Numba's maximum).
+
+    Process-wide for the matmul kernels (their own thread split); also sets Numba's prange thread count
+    for the calling thread. Returns the number set."""
+    global _threads
     if n is None:
         n = physical_cores()
     n = max(1, min(int(n), nb.config.NUMBA_NUM_THREADS))
     nb.set_num_threads(n)
+    _threads = n
     return n
 
 
 def get_threads() -> int:
-    """Threads the parallel kernels currently use."""
-    return nb.get_num_threads()
+    """Threads the matmul kernels use."""
+    return _threads
 
 
 _host_features: frozenset[str] | None = None

@@ -24,7 +24,7 @@ from .matmul_ir import R
 from .repack import LAYOUTS, repack
 
 # Work (multiply-adds) below which one thread is used: thread start-up costs more than it saves.
-PARALLEL_MIN_MACS = 1 << 18
+PARALLEL_MIN_MACS = 1 << 21
 
 
 @dataclass(eq=False)

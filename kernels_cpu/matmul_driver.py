@@ -13,7 +13,7 @@ from . import matmul_k, matmul_q  # noqa: F401  (register the IR bodies)
 from ._jit import jit
 from .matmul_ir import R, qdot
 
-MB = 4  # activation rows per kernel call
+MB = 8  # activation rows per kernel call
 MT = 64  # activation rows per L2 tile
 
 

@@ -185,6 +185,17 @@ class Emit:
         od = b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(1, 32, 2))))
         return b.add(ev, od)
 
+    def madd(self, acc, w16, i: int, k):
+        """acc + pmadd(w16, activation pair (k, k+1) of row i): one vpdpwssd with a broadcast memory operand
+        where AVX512-VNNI exists."""
+        if "avx512vnni" not in host_features():
+            return self.add(acc, self.pmadd(w16, self.xpair(i, k)))
+        b = self.b
+        x = self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32), 16)
+        name = "llvm.x86.avx512.vpdpwssd.512"
+        fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(V(I32, 16), [V(I32, 16)] * 3), name)
+        return b.call(fn, [acc, b.bitcast(w16, V(I32, 16)), x])
+
     def add(self, a, c):
         return self.b.add(a, c)
 

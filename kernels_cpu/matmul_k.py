@@ -43,11 +43,10 @@ def _run_sums(e: Emit, mb: int, t, pairs) -> tuple[list, list]:
     lo, hi = [e.zeros_i32()] * mb, [e.zeros_i32()] * mb
     for pp, w in enumerate(pairs):
         for i in range(mb):
-            prod = e.pmadd(w, e.xpair(i, e.lin(t, 32, 2 * pp)))
             if pp < 8:
-                lo[i] = e.add(lo[i], prod)
+                lo[i] = e.madd(lo[i], w, i, e.lin(t, 32, 2 * pp))
             else:
-                hi[i] = e.add(hi[i], prod)
+                hi[i] = e.madd(hi[i], w, i, e.lin(t, 32, 2 * pp))
     return lo, hi
 
 

@@ -19,7 +19,7 @@ def _dot32(e: Emit, mb: int, pairs) -> list:
     acc = [e.zeros_i32()] * mb
     for p, w in enumerate(pairs):
         for i in range(mb):
-            acc[i] = e.add(acc[i], e.pmadd(w, e.xpair(i, 2 * p)))
+            acc[i] = e.madd(acc[i], w, i, 2 * p)
     return acc
 
 
