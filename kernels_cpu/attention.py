@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 
+from kernels_cpu._jit import jit
+from kernels_cpu.parallel import parallel_for
 
-@nb.njit(cache=True, parallel=True, nogil=True, fastmath=False)
-def _paged_attention(out, q, kcache, vcache, positions, row_seq, block_tables, window, scale, softcap, scratch):
+
+@jit
+def _paged_attention(out, q, kcache, vcache, positions, row_seq, block_tables, window, scale, softcap,
+                     job_lo, job_hi, s):
     # out: (T, H, vd)  q: (T, H, hd)  kcache: (NB, BS, KVH, hd)  vcache: (NB, BS, KVH, vd)
-    # positions, row_seq: (T,)  block_tables: (S, MB)  scratch: (n_threads, max_ctx) float32
+    # positions, row_seq: (T,)  block_tables: (S, MB)  s: (max_ctx,) float32 scratch of this worker
+    # jobs [job_lo, job_hi) of the T * H (row, head) pairs
     T, H, hd = q.shape
     BS, KVH, vd = kcache.shape[1], kcache.shape[2], vcache.shape[3]
     group = H // KVH
-    for job in nb.prange(T * H):
+    for job in range(job_lo, job_hi):
         t = job // H
         h = job % H
         kh = h // group
@@ -28,7 +32,6 @@ def _paged_attention(out, q, kcache, vcache, positions, row_seq, block_tables, w
         lo = 0
         if window > 0 and pos - window + 1 > 0:
             lo = pos - window + 1
-        s = scratch[nb.get_thread_id()]
         m = -np.inf
         for p in range(lo, pos + 1):
             blk = bt[p // BS]
@@ -91,9 +94,11 @@ def paged_attention(q: np.ndarray, kcache: np.ndarray, vcache: np.ndarray, posit
                 raise ValueError(f"sequence {s}: block id out of range")
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
     max_ctx = int(positions.max()) + 1 if T else 1
-    scratch = np.empty((nb.get_num_threads(), max_ctx), dtype=np.float32)
-    _paged_attention(out, np.ascontiguousarray(q, dtype=np.float32), kcache, vcache, positions, row_seq,
-                     block_tables, int(window), np.float32(scale), np.float32(softcap), scratch)
+    # split (row, head) jobs over threads when there is enough work per thread (~64k MACs)
+    work = max(1, (max_ctx if not window else min(max_ctx, window)) * (hd + vcache.shape[3]))
+    parallel_for(_paged_attention, T * H, max(1, 65536 // work), lambda: np.empty(max_ctx, np.float32),
+                 out, np.ascontiguousarray(q, dtype=np.float32), kcache, vcache, positions, row_seq,
+                 block_tables, int(window), np.float32(scale), np.float32(softcap))
     return out
 
 
