@@ -67,7 +67,8 @@ def make_driver(fmt: int, cache: bool = True):
             for g in range(g0, g1):
                 m0 = mt
                 while m0 < me:
-                    mb = MB if me - m0 >= MB else 1  # remainder rows one at a time (same per-row arithmetic)
+                    rem = me - m0  # tiles of 8, 4, 2, 1 rows: the same per-row arithmetic in each
+                    mb = MB if rem >= MB else (4 if rem >= 4 else (2 if rem >= 2 else 1))
                     facc[:] = 0
                     for b in range(NB):
                         qo = (g * NB + b) * QB
@@ -77,6 +78,10 @@ def make_driver(fmt: int, cache: bool = True):
                         bo = m0 * nbs + b * (BS // 16)
                         if mb == MB:
                             qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
+                        elif mb == 4:
+                            qdot(fmt, 4, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
+                        elif mb == 2:
+                            qdot(fmt, 2, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
                         else:
                             qdot(fmt, 1, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
                     n0 = g * R
