@@ -15,8 +15,10 @@ import numpy as np
 from quant.formats import k_scale_min, q3_k_scales
 from quant.types import FORMATS, QuantType as Q
 
+from ._jit import jit
+
 R = 16
-_GROUP_CHUNK = 256  # groups repacked per step (bounds the temporary arrays)
+_GROUP_CHUNK = 1024  # groups repacked per step (bounds the temporary arrays)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def _bits32(qh: np.ndarray) -> np.ndarray:
 
 
 def _split_q8_0(b):
-    return b[..., 2:].copy(), [_u16(b[..., 0:2])]
+    return b[..., 2:], [_u16(b[..., 0:2])]
 
 
 def _split_q4_0(b):
@@ -133,10 +135,24 @@ LAYOUTS: dict[Q, Layout] = {
 }
 
 
-def _pairs(codes: np.ndarray) -> np.ndarray:
-    """(G, NB, R, B) codes -> (G, NB, B/2, 2R) pair vectors: lane 2r+e = row r, element 2p+e."""
-    G, NB, _, B = codes.shape
-    return codes.reshape(G, NB, R, B // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G, NB, B // 2, 2 * R)
+@jit
+def _pairs_kernel(pv, codes):
+    # pv (G, NB, B/2, 2R) <- codes (G*R, NB, B)
+    n, NB, B = codes.shape
+    for row in range(n):
+        g, r = row // R, row % R
+        for nb in range(NB):
+            for p in range(B // 2):
+                pv[g, nb, p, 2 * r] = codes[row, nb, 2 * p]
+                pv[g, nb, p, 2 * r + 1] = codes[row, nb, 2 * p + 1]
+
+
+def _pairs(codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(G*R, NB, B) codes -> (G, NB, B/2, 2R) pair vectors: lane 2r+e = row r, element 2p+e."""
+    n, NB, B = codes.shape
+    pv = np.empty((n // R, NB, B // 2, 2 * R), np.uint8) if out is None else out.reshape(n // R, NB, B // 2, 2 * R)
+    _pairs_kernel(pv, codes)
+    return pv
 
 
 def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
@@ -175,8 +191,11 @@ def repack(raw: np.ndarray, qtype: Q, n: int, k: int) -> tuple[np.ndarray, np.nd
             pad = np.zeros(((g1 - g0) * R - rows.shape[0], NB, fmt.type_size), np.uint8)
             rows = np.concatenate([rows, pad])
         codes, scales = lay.split(rows)  # codes (rows, NB, block)
-        pv = _pairs(codes.reshape(g1 - g0, R, NB, lay.block).transpose(0, 2, 1, 3))
-        qs[g0:g1] = np.concatenate([_plane(p, pv) for p in lay.planes], axis=-1)
+        if lay.planes == ("q8",):  # the pair vectors are the plane: write them in place
+            _pairs(codes, qs[g0:g1])
+        else:
+            pv = _pairs(codes)
+            qs[g0:g1] = np.concatenate([_plane(p, pv) for p in lay.planes], axis=-1)
         # scales: (rows, NB, s) -> (g, NB, s, R) sub-block-major, bytes
         parts = [s.reshape(g1 - g0, R, NB, -1).transpose(0, 2, 3, 1) for s in scales]
         sc[g0:g1] = np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(g1 - g0, NB, -1)
