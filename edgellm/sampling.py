@@ -10,6 +10,9 @@ import numpy as np
 from edgellm.errors import InvalidRequestError
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     """How to pick each next token, and when to stop. `temperature=0` is greedy."""
@@ -28,6 +31,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None = off; k >= 0: record each token's logprob and the top k alternatives
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -41,6 +45,8 @@ class SamplingParams:
             (self.repeat_penalty > 0, "repeat_penalty must be > 0"),
             (self.repeat_last_n >= -1, "repeat_last_n must be >= -1"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"logprobs must be in [0, {MAX_LOGPROBS}]"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -129,3 +135,14 @@ def logprobs(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
+
+
+def token_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's logprob of `token` (raw logits, before penalties and temperature, as OpenAI reports it)
+    and the k most likely (token, logprob) pairs, best first."""
+    lp = logprobs(logits)  # (V,)
+    if k <= 0:
+        return float(lp[token]), []
+    top = np.argpartition(-lp, k - 1)[:k] if k < len(lp) else np.arange(len(lp))
+    top = top[np.argsort(-lp[top], kind="stable")]
+    return float(lp[token]), [(int(t), float(lp[t])) for t in top]

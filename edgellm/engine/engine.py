@@ -13,7 +13,7 @@ from edgellm.engine.request import Request, history_array
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
 from edgellm.errors import ContextOverflowError
-from edgellm.sampling import SamplingParams
+from edgellm.sampling import SamplingParams, token_logprobs
 
 BLOCK_SIZE = 16
 
@@ -79,7 +79,9 @@ class Engine:
         for it in items:
             r = it.request
             if r.id in logits and not r.finished:
-                r.append_token(r.sampler(logits[r.id], history_array(r)))
+                tok = r.sampler(logits[r.id], history_array(r))
+                k = r.params.logprobs
+                r.append_token(tok, None if k is None else token_logprobs(logits[r.id], tok, k))
                 touched.append(r)
         return touched + self._reap()
 

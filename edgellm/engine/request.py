@@ -78,6 +78,7 @@ class Request:
         self.stop = StopMatcher(params.stop)
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(tokenizer.stop_ids))
         self.output_ids: list[int] = []
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, if params.logprobs
         self.text = ""
         self.block_table: list[int] = []
         self.n_computed = 0  # tokens whose K/V are in the cache
@@ -101,8 +102,9 @@ class Request:
     def finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
-    def append_token(self, tok: int) -> None:
-        """Record a sampled token; update text, stop strings and the finish reason."""
+    def append_token(self, tok: int, logprob: tuple[float, list[tuple[int, float]]] | None = None) -> None:
+        """Record a sampled token (and its logprob entry, if asked for); update text, stop strings and the
+        finish reason."""
         if self.t_first is None:
             self.t_first = time.perf_counter()
         p = self.params
@@ -110,6 +112,8 @@ class Request:
             self._finish("stop")
             return
         self.output_ids.append(tok)
+        if logprob is not None:
+            self.logprobs.append(logprob)
         piece, stopped = self.stop.feed(self.detok.add(tok))
         self.text += piece
         self.new_text += piece

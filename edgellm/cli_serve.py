@@ -1,0 +1,59 @@
+"""`edgellm serve`: the OpenAI-compatible HTTP server (registered on the click group in edgellm/cli.py)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from edgellm.errors import EdgeLLMError
+
+
+@click.command()
+@click.option("--model", "-m", "model", default=None, metavar="PATH",
+              help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="EDGELLM_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 and tokenizer routes (env EDGELLM_API_KEY).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests decoded together in one engine step.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests waiting beyond the batch before new ones get 429.")
+@click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
+              help="Context size in tokens (default 4096, capped at the model's).")
+@click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
+              help="KV cache size in tokens, shared by all requests (default: the context size).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
+              help="Worker threads (default: physical cores).")
+@click.option("--served-model-name", default=None, help="Model id in the API (default: the file name).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
+          log_level):
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
+
+    The port opens at once; /health answers 503 until the model is loaded."""
+    try:
+        import uvicorn
+
+        from edgellm.model_path import resolve_model
+        from edgellm.server.app import create_app
+    except ImportError as e:
+        click.echo(f"edgellm: error: the server needs its extra: pip install 'edgellm[server]' ({e})", err=True)
+        sys.exit(2)
+    try:
+        path = resolve_model(model, progress=sys.stderr.isatty())  # a wrong path fails here, not in the thread
+    except EdgeLLMError as e:
+        click.echo(f"edgellm: error: {e}", err=True)
+        sys.exit(2)
+    kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
+                  progress=False)
+    app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
+                     model_id=served_model_name)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"edgellm: warning: listening on {host} without --api-key", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    serve()
