@@ -6,10 +6,13 @@ is computed by the same instruction sequence whatever M is, so results are batch
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numba
 import numpy as np
 
-from . import matmul_k, matmul_q  # noqa: F401  (register the IR bodies)
+from . import matmul_ir, matmul_k, matmul_q  # matmul_k / matmul_q register the IR bodies
 from ._jit import jit
 from .matmul_ir import R, qdot
 
@@ -44,12 +47,27 @@ def quantize_act(xq, dx, bs, x, qb):
             bs[m, j] = s
 
 
+def _source_tag() -> str:
+    """Hash of the modules that generate the kernels' IR. Numba keys a cached closure by its cell values,
+    so editing those modules recompiles the drivers (the cache index alone only tracks this file)."""
+    h = hashlib.sha256()
+    for mod in (matmul_ir, matmul_q, matmul_k):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+SOURCE_TAG = _source_tag()
+
+
 def make_driver(fmt: int, cache: bool = True):
     """The driver for one format: a closure over the literal `fmt` (Numba caches closures per value).
     cache=False gives a fresh dispatcher whose assembly can be inspected (tests)."""
+    tag = SOURCE_TAG
 
     def run_groups(y, xq, dx, bs, qs, sc, g0, g1, facc):
         """y[:, 16*g0 : 16*g1] for row groups g0..g1-1; facc (MB*16,) float32 scratch."""
+        if tag is None:  # never: makes the source tag part of the closure (and of the cache key)
+            return
         M, N = y.shape
         NB, QB = qs.shape[1], qs.shape[2]
         SB = sc.shape[2]
