@@ -19,8 +19,7 @@ import numpy as np
 from quant.types import FORMATS, QuantType, row_bytes
 
 from ._jit import get_threads
-from .matmul_driver import MB, driver, quantize_act
-from .matmul_ir import R
+from .matmul_driver import driver, quantize_act
 from .repack import LAYOUTS, repack
 
 # Work (multiply-adds) below which one thread is used: thread start-up costs more than it saves.
@@ -41,6 +40,15 @@ class PreparedWeight:
     qs: np.ndarray = field(repr=False)
     sc: np.ndarray = field(repr=False)
     raw: np.ndarray = field(repr=False)
+    _act_block: int = field(init=False, repr=False)  # activation quantization block (0: float activations)
+    _kp: int = field(init=False, repr=False)  # K padded to whole kernel blocks
+    _run: object = field(init=False, repr=False)  # the compiled driver (lazily compiled on first call)
+
+    def __post_init__(self):
+        lay = LAYOUTS[self.qtype]
+        self._act_block = lay.act_block
+        self._kp = self.qs.shape[1] * lay.block
+        self._run = driver(int(self.qtype))
 
     @property
     def nbytes(self) -> int:
@@ -84,22 +92,25 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
     return PreparedWeight(qtype, (n, k), qs, sc, raw)
 
 
+_NO_DX = np.zeros((1, 1), np.float32)
+_NO_BS = np.zeros((1, 1), np.int32)
+
+
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
-    """Activations in the kernel's form: (xq, dx, bs) — int16 codes, scales and sums, or float32 padded."""
-    lay = LAYOUTS[pw.qtype]
+    """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K), scales (M, K/qb) and sums of 16
+    codes (M, K/16); or, for float weights, float32 x zero-padded to whole blocks (dx, bs unused)."""
     M, K = x.shape
-    if lay.act_block == 0:
-        kp = pw.qs.shape[1] * lay.block
-        if kp != K:
-            xp = np.zeros((M, kp), np.float32)
+    qb = pw._act_block
+    if qb == 0:
+        if pw._kp != K:
+            xp = np.zeros((M, pw._kp), np.float32)
             xp[:, :K] = x
             x = xp
-        dummy = np.zeros((1, 1), np.float32)
-        return x, dummy, np.zeros((1, 1), np.int32)
+        return x, _NO_DX, _NO_BS
     xq = np.empty((M, K), np.int16)
-    dx = np.empty((M, K // lay.act_block), np.float32)
+    dx = np.empty((M, K // qb), np.float32)
     bs = np.empty((M, K // 16), np.int32)
-    quantize_act(xq, dx, bs, x, lay.act_block)
+    quantize_act(xq, dx, bs, x, qb)
     return xq, dx, bs
 
 
@@ -107,10 +118,12 @@ def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> 
     """y = x @ W.T for a prepared weight W (N, K).
 
     x: float32 (M, K) (converted to C-contiguous float32 if needed); out: optional float32 (M, N)
-    C-contiguous array to write into. Returns y (M, N) float32. Row i of y depends only on row i of x.
+    C-contiguous array to write into. Returns y (M, N) float32. Row i of y depends only on row i of x
+    (bit-identical whatever M and the thread count).
     """
     n, k = pw.shape
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"matmul: x has shape {x.shape}, expected (M, {k}) for weight {pw.qtype.name} {pw.shape}")
     m = x.shape[0]
@@ -121,30 +134,29 @@ def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> 
     if m == 0:
         return out
     xq, dx, bs = _prepare_x(x, pw)
-    run = driver(int(pw.qtype))
     groups = pw.qs.shape[0]
     threads = min(get_threads(), groups)
     if threads == 1 or m * n * k < PARALLEL_MIN_MACS:
-        run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups, np.empty(MB * R, np.float32))
+        pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
     else:
-        _run_threads(run, threads, out, xq, dx, bs, pw)
+        _run_threads(pw._run, threads, out, xq, dx, bs, pw)
     return out
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
 
 
 def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None:
     """Split the row groups into `threads` contiguous chunks; the kernels release the GIL."""
-    global _POOL
-    if _POOL is None or _POOL._max_workers < threads - 1:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="edgellm-matmul")
+    global _POOL, _POOL_SIZE
+    if _POOL is None or _POOL_SIZE < threads - 1:
+        _POOL_SIZE = threads - 1
+        _POOL = ThreadPoolExecutor(max_workers=_POOL_SIZE, thread_name_prefix="edgellm-matmul")
     groups = pw.qs.shape[0]
     bounds = [groups * c // threads for c in range(threads + 1)]
-    scratch = np.empty((threads, MB * R), np.float32)
-    futs = [_POOL.submit(run, out, xq, dx, bs, pw.qs, pw.sc, bounds[c], bounds[c + 1], scratch[c])
-            for c in range(1, threads)]
-    run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1], scratch[0])
+    futs = [_POOL.submit(run, out, xq, dx, bs, pw.qs, pw.sc, bounds[c], bounds[c + 1]) for c in range(1, threads)]
+    run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1])
     for f in futs:
         f.result()
 

@@ -64,10 +64,11 @@ def make_driver(fmt: int, cache: bool = True):
     cache=False gives a fresh dispatcher whose assembly can be inspected (tests)."""
     tag = SOURCE_TAG
 
-    def run_groups(y, xq, dx, bs, qs, sc, g0, g1, facc):
-        """y[:, 16*g0 : 16*g1] for row groups g0..g1-1; facc (MB*16,) float32 scratch."""
+    def run_groups(y, xq, dx, bs, qs, sc, g0, g1):
+        """y[:, 16*g0 : 16*g1] for row groups g0..g1-1 (see matmul._prepare_x for xq, dx, bs)."""
         if tag is None:  # never: makes the source tag part of the closure (and of the cache key)
             return
+        facc = np.empty(MB * R, np.float32)  # (MB*16,) output accumulators of one row group
         M, N = y.shape
         NB, QB = qs.shape[1], qs.shape[2]
         SB = sc.shape[2]
@@ -117,7 +118,7 @@ _DRIVERS: dict[int, object] = {}
 
 
 def driver(fmt: int):
-    """Compiled (lazily, cached on disk) driver `run(y, xq, dx, bs, qs, sc, g0, g1, facc)` for a QuantType id."""
+    """Compiled (lazily, cached on disk) driver `run(y, xq, dx, bs, qs, sc, g0, g1)` for a QuantType id."""
     d = _DRIVERS.get(fmt)
     if d is None:
         d = _DRIVERS[fmt] = make_driver(int(fmt))

@@ -87,16 +87,16 @@ FLOAT_BLOCK = 32
 def _float_body(load_row):
     def body(e: Emit, mb: int) -> None:
         b = e.b
-        accs = [[None] * 4 for _ in range(mb)]  # 4 independent FMA chains per row, summed in a fixed order
+        # 2 FMA chains per row (even / odd k), summed in a fixed order: the same in every row-tile variant
+        accs = [[None] * 2 for _ in range(mb)]
         for k in range(FLOAT_BLOCK):
             w = load_row(e, k)
             for i in range(mb):
                 x = e.xval(i, k)
-                prev = accs[i][k % 4]
-                accs[i][k % 4] = b.fmul(w, x) if prev is None else e.fma(w, x, prev)
+                prev = accs[i][k % 2]
+                accs[i][k % 2] = b.fmul(w, x) if prev is None else e.fma(w, x, prev)
         for i in range(mb):
-            a = accs[i]
-            s = b.fadd(b.fadd(a[0], a[1]), b.fadd(a[2], a[3]))
+            s = b.fadd(accs[i][0], accs[i][1])
             e.facc_add(i, lambda f: b.fadd(f, s))
     return body
 
