@@ -185,5 +185,9 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
     click.echo(f"peak RSS {r.rss_mb:.0f} MiB")
 
 
+from edgellm.cli_chat import chat  # noqa: E402
+
+main.add_command(chat)
+
 if __name__ == "__main__":
     main()
