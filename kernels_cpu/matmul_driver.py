@@ -7,6 +7,7 @@ is computed by the same instruction sequence whatever M is, so results are batch
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numba
@@ -21,25 +22,54 @@ MT = 64  # activation rows per L2 tile
 
 
 @jit
+def f16_round(v):
+    """float32 v rounded to the nearest float16 value (ties to even), as float32 (inf past the f16 range)."""
+    a = abs(np.float64(v))
+    if a == 0.0 or not np.isfinite(a):
+        return np.float32(v)
+    if a >= 65520.0:
+        r = np.inf
+    else:
+        m, e = math.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
+        if e < -13:  # f16 subnormals: a fixed quantum of 2**-24
+            r = np.rint(a * 16777216.0) / 16777216.0
+        else:  # 11 significant bits
+            r = math.ldexp(np.rint(math.ldexp(m, 11)), e - 11)
+    return np.float32(r if v > 0 else -r)
+
+
+@jit
 def quantize_act(xq, dx, bs, x, qb):
-    """Quantize activation rows to int16 codes in -127..127 per block of qb (like ggml's Q8_0 / Q8_K).
+    """Quantize activation rows to int16 codes in -127..127 per block of qb, exactly as llama.cpp's CPU
+    backend does (so results track it): qb = 32 like quantize_row_q8_0 (scale rounded to f16,
+    id = 127/amax, round half to even), qb = 256 like quantize_row_q8_K (iscale = -127/max by sign).
 
     x (M, K) float32 -> xq (M, K) int16, dx (M, K/qb) float32 scales, bs (M, K/16) int32 sums of 16 codes.
     """
     M, K = x.shape
-    half = np.float32(0.5)
     for m in range(M):
         for blk in range(K // qb):
             amax = np.float32(0.0)
+            vmax = np.float32(0.0)  # the value of largest magnitude (first one on ties)
             for k in range(blk * qb, (blk + 1) * qb):
-                amax = max(amax, abs(x[m, k]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-            dx[m, blk] = d
-            for k in range(blk * qb, (blk + 1) * qb):
-                v = x[m, k] * inv
-                q = np.floor(v + half) if v >= 0 else np.ceil(v - half)  # roundf: half away from zero
-                xq[m, k] = np.int16(q)
+                a = abs(x[m, k])
+                if a > amax:
+                    amax = a
+                    vmax = x[m, k]
+            if qb == 32:
+                dx[m, blk] = f16_round(amax / np.float32(127.0))
+                inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+                for k in range(blk * qb, (blk + 1) * qb):
+                    xq[m, k] = np.int16(np.rint(x[m, k] * inv))
+            elif amax == 0:
+                dx[m, blk] = 0
+                for k in range(blk * qb, (blk + 1) * qb):
+                    xq[m, k] = 0
+            else:
+                iscale = np.float32(-127.0) / vmax
+                dx[m, blk] = np.float32(1.0) / iscale
+                for k in range(blk * qb, (blk + 1) * qb):
+                    xq[m, k] = np.int16(min(np.float32(127.0), np.rint(iscale * x[m, k])))
         for j in range(K // 16):
             s = np.int32(0)
             for k in range(16 * j, 16 * j + 16):
@@ -68,7 +98,7 @@ def make_driver(fmt: int, cache: bool = True):
         """y[:, 16*g0 : 16*g1] for row groups g0..g1-1 (see matmul._prepare_x for xq, dx, bs)."""
         if tag is None:  # never: makes the source tag part of the closure (and of the cache key)
             return
-        facc = np.empty(MB * R, np.float32)  # (MB*16,) output accumulators of one row group
+        facc = np.empty(MB * R, np.float64)  # (MB*16,) output accumulators of one row group
         M, N = y.shape
         NB, QB = qs.shape[1], qs.shape[2]
         SB = sc.shape[2]

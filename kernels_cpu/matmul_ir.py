@@ -6,11 +6,12 @@ Plain Numba loops do not reliably give packed integer multiply-adds (LLVM widens
 * a weight *row group* is R = 16 output rows; one "pair vector" holds 32 bytes = elements (2p, 2p+1) of
   each of the 16 rows (lane 2r+e), so a packed multiply-add (vpmaddwd) against the broadcast activation pair
   (x[2p], x[2p+1]) yields 16 int32 partial dot products, one per row, with no horizontal reductions;
-* float arithmetic is explicit (fmul, then llvm.fma in a fixed order), so a row's result never depends on
+* float arithmetic is explicit (f32 scale products as llama.cpp, then llvm.fma into double accumulators in a
+  fixed order), so a row's result never depends on
   how many activation rows are processed together (batch invariance).
 
 `qdot(FMT, MB, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff)`
-processes one (row group, K block) for MB activation rows and adds into facc (MB*16,) float32. FMT (the
+processes one (row group, K block) for MB activation rows and adds into facc (MB*16,) float64. FMT (the
 QuantType id) and MB are compile-time literals; the per-format body is looked up in BODIES, which the
 matmul_q / matmul_k / matmul_float modules fill.
 """
@@ -27,7 +28,7 @@ from ._jit import host_features
 R = 16  # output rows per group (lanes of one 512-bit float vector)
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-F16, F32 = ir.HalfType(), ir.FloatType()
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 
 
 def V(t: ir.Type, n: int) -> ir.VectorType:
@@ -209,20 +210,28 @@ class Emit:
         return self.b.fneg(a)
 
     def cvt(self, v):
-        return self.b.sitofp(v, V(F32, R))
+        """<16 x i32> -> <16 x double> (exact)."""
+        return self.b.sitofp(v, V(F64, R))
+
+    def wide(self, v):
+        """<16 x float> -> <16 x double> (exact)."""
+        return self.b.fpext(v, V(F64, R))
 
     def fma(self, a, c, acc):
-        """a*c + acc, always fused (same rounding whatever the surrounding code)."""
+        """a*c + acc, always fused (same rounding whatever the surrounding code); float or double vectors."""
+        ty = a.type
+        name = "llvm.fma.v16f64" if ty.element == F64 else "llvm.fma.v16f32"
         mod = self.b.module
-        name = "llvm.fma.v16f32"
-        fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(F32, R), [V(F32, R)] * 3), name)
+        fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ty, [ty] * 3), name)
         return self.b.call(fn, [a, c, acc])
 
     # -- output accumulator -----------------------------------------------------------------------------
     def facc_add(self, i: int, fn: Callable):
-        """facc[i*16:(i+1)*16] = fn(facc[i*16:(i+1)*16])."""
-        old = self.load(self.facc, i * R * 4, V(F32, R))
-        self.store(fn(old), self.facc, i * R * 4)
+        """facc[i*16:(i+1)*16] = fn(facc[i*16:(i+1)*16]) on <16 x double>: the block sums are accumulated in
+        double, so outputs are the exactly rounded sums of the per-block products (as close to llama.cpp's
+        f32 results as any order can be; quantized activations amplify tiny differences)."""
+        old = self.load(self.facc, i * R * 8, V(F64, R))
+        self.store(fn(old), self.facc, i * R * 8)
 
 
 # FMT (QuantType id) -> body(e: Emit, mb: int) emitting the work for one (row group, K block).

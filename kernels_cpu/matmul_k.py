@@ -28,12 +28,12 @@ def _finish(e: Emit, mb: int, acc, macc, doff: int) -> None:
     dmin = e.f16x16(doff + 32) if macc is not None else None
     for i in range(mb):
         dxi = e.splat(e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32), R)
-        t = e.fmul(d, dxi)
+        t = e.wide(e.fmul(d, dxi))  # d*dx in f32, like llama.cpp
         a = e.cvt(acc[i])
         if macc is None:
             e.facc_add(i, lambda f: e.fma(a, t, f))
         else:
-            tm = e.fneg(e.fmul(dmin, dxi))
+            tm = e.wide(e.fneg(e.fmul(dmin, dxi)))
             am = e.cvt(macc[i])
             e.facc_add(i, lambda f: e.fma(am, tm, e.fma(a, t, f)))
 

@@ -5,7 +5,7 @@ Repacked layout of one (row group, block) — see repack.py:
       (low nibble = pair v, high nibble = pair v+8), Q5 high bits as one u32 per pair (bit = lane);
   sc: f16 d for the 16 rows, then (Q4_1 / Q5_1) f16 m for the 16 rows.
 Activations: int16 (quantized per 32 like Q8_0), dx per 32, bs = sums per 16.
-y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * dx*sum(xq) for the formats with a min).
+y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * dx*sum(xq) for the formats with a min), accumulated in double.
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
     m = e.f16x16(32) if with_min else None
     for i in range(mb):
         dxi = e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32)
-        t = e.fmul(d, e.splat(dxi, R))
+        t = e.wide(e.fmul(d, e.splat(dxi, R)))  # d*dx in f32, like llama.cpp
         a = e.cvt(acc[i])
         if with_min:
             s = e.b.sitofp(e.add(e.bsum(i, 0), e.bsum(i, 1)), F32)
-            xs = e.splat(e.b.fmul(dxi, s), R)
-            e.facc_add(i, lambda f: e.fma(m, xs, e.fma(a, t, f)))
+            xs = e.wide(e.splat(e.b.fmul(dxi, s), R))
+            e.facc_add(i, lambda f: e.fma(e.wide(m), xs, e.fma(a, t, f)))
         else:
             e.facc_add(i, lambda f: e.fma(a, t, f))
 
@@ -96,7 +96,7 @@ def _float_body(load_row):
                 prev = accs[i][k % 2]
                 accs[i][k % 2] = b.fmul(w, x) if prev is None else e.fma(w, x, prev)
         for i in range(mb):
-            s = b.fadd(accs[i][0], accs[i][1])
+            s = e.wide(b.fadd(accs[i][0], accs[i][1]))
             e.facc_add(i, lambda f: b.fadd(f, s))
     return body
 

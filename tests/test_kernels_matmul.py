@@ -46,16 +46,23 @@ def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray
 
 
 def act_twin(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy twin of quantize_act: (x_hat float64 (M, K), dx per element float64 (M, K))."""
+    """NumPy twin of quantize_act (llama.cpp's quantize_row_q8_0 / q8_K): (x_hat (M, K), |dx| per element),
+    both float64."""
     M, K = x.shape
     xb = x.reshape(M, K // qb, qb).astype(np.float32)
-    d = np.abs(xb).max(-1, keepdims=True) / np.float32(127.0)  # (M, K/qb, 1) float32
-    with np.errstate(divide="ignore"):
-        inv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
-    v = (xb * inv).astype(np.float32)
-    q = np.where(v >= 0, np.floor(v + np.float32(0.5)), np.ceil(v - np.float32(0.5)))
+    amax = np.abs(xb).max(-1, keepdims=True)  # (M, K/qb, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if qb == 32:
+            d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)  # f16 scale
+            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+            q = np.rint(xb * inv)
+        else:
+            vmax = np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1)  # signed value of max |x|
+            iscale = np.float32(-127) / vmax
+            d = np.where(amax > 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+            q = np.where(amax > 0, np.minimum(np.float32(127), np.rint(iscale * xb)), 0)
     x_hat = (q.astype(np.float64) * d.astype(np.float64)).reshape(M, K)
-    return x_hat, np.broadcast_to(d, xb.shape).reshape(M, K).astype(np.float64)
+    return x_hat, np.abs(np.broadcast_to(d, xb.shape)).reshape(M, K).astype(np.float64)
 
 
 def check(qt: Q, n: int, k: int, ms, rng, raw=None) -> None:
@@ -148,16 +155,33 @@ def test_bad_shapes_raise():
     assert matmul(np.zeros((0, 64), np.float32), pw).shape == (0, 8)
 
 
-def test_activation_quantization_twin():
+@pytest.mark.parametrize("qt", [Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+def test_activation_quantization_twin(qt):
+    """Activation codes and scales are exactly the NumPy twin's (llama.cpp's rounding and f16 scales)."""
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((3, 512)) * 4).astype(np.float32)
-    x[1, :32] = 0  # an all-zero block
-    pw = prepare_weight(random_weight(Q.Q8_0, 16, 512, rng), Q.Q8_0, (16, 512))
+    x[1, :256] = 0  # all-zero blocks
+    x[2, 300] = -50.0  # a negative extreme (Q8_K takes the sign of the largest-magnitude value)
+    pw = prepare_weight(random_weight(qt, 16, 512, rng), qt, (16, 512))
     xq, dx, bs = _prepare_x(x, pw)
-    x_hat, _ = act_twin(x, 32)
-    np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(dx, 32, axis=1), x_hat)
+    qb = LAYOUTS[qt].act_block
+    x_hat, _ = act_twin(x, qb)
+    np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(dx, qb, axis=1).astype(np.float64), x_hat)
     np.testing.assert_array_equal(bs, xq.reshape(3, -1, 16).sum(-1))
     assert np.abs(xq).max() <= 127
+    if qt == Q.Q8_0:  # scales are f16 values
+        np.testing.assert_array_equal(dx.astype(np.float16).astype(np.float32), dx)
+
+
+def test_f16_round_matches_numpy():
+    from kernels_cpu.matmul_driver import f16_round
+
+    v = np.concatenate([np.float32([0, 1, 65504, 65519, 65520, 1e6, 6e-8, 2.9e-8, 3e-5, 6.1e-5, -3.3]),
+                        np.random.default_rng(0).standard_normal(2000).astype(np.float32) * 10.0 ** np.arange(-7, 3)[
+                            np.random.default_rng(1).integers(0, 10, 2000)]]).astype(np.float32)
+    got = np.array([f16_round(a) for a in v], np.float32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got, v.astype(np.float16).astype(np.float32))
 
 
 @pytest.mark.parametrize("feats", [{"avx2"}, set()], ids=["avx2", "generic"])
