@@ -118,21 +118,19 @@ def make_driver(fmt: int, cache: bool = True):
                 while m0 < me:
                     rem = me - m0  # tiles of 8, 4, 2, 1 rows: the same per-row arithmetic in each
                     mb = MB if rem >= MB else (4 if rem >= 4 else (2 if rem >= 2 else 1))
-                    facc[:] = 0
-                    for b in range(NB):
-                        qo = (g * NB + b) * QB
-                        so = (g * NB + b) * SB
-                        xo = m0 * Kx + b * BS
-                        do = m0 * nbx + b
-                        bo = m0 * nbs + b * (BS // 16)
-                        if mb == MB:
-                            qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
-                        elif mb == 4:
-                            qdot(fmt, 4, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
-                        elif mb == 2:
-                            qdot(fmt, 2, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
-                        else:
-                            qdot(fmt, 1, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so)
+                    qo = g * NB * QB
+                    so = g * NB * SB
+                    xo = m0 * Kx
+                    do = m0 * nbx
+                    bo = m0 * nbs
+                    if mb == MB:
+                        qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
+                    elif mb == 4:
+                        qdot(fmt, 4, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
+                    elif mb == 2:
+                        qdot(fmt, 2, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
+                    else:
+                        qdot(fmt, 1, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
                     n0 = g * R
                     nr = min(R, N - n0)
                     for i in range(mb):

@@ -10,13 +10,14 @@ Plain Numba loops do not reliably give packed integer multiply-adds (LLVM widens
   fixed order), so a row's result never depends on
   how many activation rows are processed together (batch invariance).
 
-`qdot(FMT, MB, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff)`
-processes one (row group, K block) for MB activation rows and adds into facc (MB*16,) float64. FMT (the
-QuantType id) and MB are compile-time literals; the per-format body is looked up in BODIES, which the
-matmul_q / matmul_k / matmul_float modules fill.
+`qdot(FMT, MB, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff, nb, ...)`
+runs the K blocks of one row group for MB activation rows (a loop in IR, accumulators in registers) and
+stores the MB x 16 outputs to facc (float64). FMT (the QuantType id) and MB are compile-time literals; the
+per-format body (one K block) is looked up in BODIES, which matmul_q and matmul_k fill.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 from llvmlite import ir
@@ -40,7 +41,7 @@ class Emit:
 
     def __init__(self, context, builder, sig, args):
         self.b = builder
-        (_, _, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff) = args
+        (_, _, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff) = args[:16]
         aty = sig.args
 
         def data(i, v):
@@ -48,11 +49,22 @@ class Emit:
 
         self.facc = data(2, facc)
         self.xq, self.xoff, self.xstride = data(3, xq), xoff, xstride
-        self.xsize = aty[3].dtype.bitwidth // 8  # int16 activations (quantized) or float32 (float formats)
         self.dx, self.dxoff, self.dxstride = data(6, dx), dxoff, dxstride
         self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
         self.qs = builder.gep(data(12, qs), [qoff])
         self.sc = builder.gep(data(14, sc), [soff])
+        self.acc: list = []  # <16 x double> output accumulators of the rows (SSA values, see facc_add)
+
+    def block(self, b, qbytes, sbytes, xelems):
+        """A view of block b (i64) of the row group: weight, scale and activation offsets moved along K."""
+        v = copy.copy(self)
+        bld = self.b
+        v.qs = bld.gep(self.qs, [bld.mul(b, qbytes)])
+        v.sc = bld.gep(self.sc, [bld.mul(b, sbytes)])
+        v.xoff = bld.add(self.xoff, bld.mul(b, xelems))
+        v.dxoff = bld.add(self.dxoff, b)
+        v.bsoff = bld.add(self.bsoff, bld.mul(b, bld.lshr(xelems, ir.Constant(I64, 4))))
+        return v
 
     # -- memory ---------------------------------------------------------------------------------------
     def at(self, base, off):
@@ -82,13 +94,14 @@ class Emit:
         v = self.b.mul(t, ir.Constant(I64, a)) if a != 1 else t
         return self.b.add(v, ir.Constant(I64, c)) if c else v
 
-    def loop(self, n: int, fn: Callable, state: list) -> list:
-        """Run state = fn(t, state) for t in 0..n-1 as an IR loop (keeps code small); state: list of vectors."""
+    def loop(self, n, fn: Callable, state: list) -> list:
+        """Run state = fn(t, state) for t in 0..n-1 as an IR loop (keeps code small); n: int or i64 value;
+        state: list of vectors (kept in registers by LLVM's mem2reg)."""
         from numba.core import cgutils
 
         b = self.b
         ptrs = [cgutils.alloca_once_value(b, v) for v in state]
-        with cgutils.for_range(b, ir.Constant(I64, n)) as lp:
+        with cgutils.for_range(b, ir.Constant(I64, n) if isinstance(n, int) else n) as lp:
             new = fn(lp.index, [b.load(p) for p in ptrs])
             for p, v in zip(ptrs, new):
                 b.store(v, p)
@@ -227,11 +240,10 @@ class Emit:
 
     # -- output accumulator -----------------------------------------------------------------------------
     def facc_add(self, i: int, fn: Callable):
-        """facc[i*16:(i+1)*16] = fn(facc[i*16:(i+1)*16]) on <16 x double>: the block sums are accumulated in
-        double, so outputs are the exactly rounded sums of the per-block products (as close to llama.cpp's
-        f32 results as any order can be; quantized activations amplify tiny differences)."""
-        old = self.load(self.facc, i * R * 8, V(F64, R))
-        self.store(fn(old), self.facc, i * R * 8)
+        """acc[i] = fn(acc[i]) on <16 x double> (row i's outputs): block sums are accumulated in double, so
+        outputs are the exactly rounded sums of the per-block products (as close to llama.cpp's f32 results
+        as any order can be; quantized activations amplify tiny differences)."""
+        self.acc[i] = fn(self.acc[i])
 
 
 # FMT (QuantType id) -> body(e: Emit, mb: int) emitting the work for one (row group, K block).
@@ -262,21 +274,31 @@ def _tune(context, fn) -> None:
 
 @intrinsic(prefer_literal=True)
 def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc,
-         soff):
-    """One (row group, K block) of a fused matmul for mb activation rows; see the module docstring."""
+         soff, nb, qbytes, sbytes, xelems):
+    """One row group of a fused matmul for mb activation rows over nb K blocks (block b at qs + b*qbytes,
+    sc + b*sbytes, activation element b*xelems); writes the mb x 16 outputs to facc as float64."""
     if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
         return None
     body = BODIES[fmt.literal_value]
     nrows = mb.literal_value
-    sig = types.void(fmt, mb, facc, xq, types.int64, types.int64, dx, types.int64, types.int64, bs,
-                     types.int64, types.int64, qs, types.int64, sc, types.int64)
+    i64 = types.int64
+    sig = types.void(fmt, mb, facc, xq, i64, i64, dx, i64, i64, bs, i64, i64, qs, i64, sc, i64, i64, i64, i64, i64)
 
     def codegen(context, builder, signature, args):
         _tune(context, builder.function)
-        args = list(args)
-        for k in (4, 5, 7, 8, 10, 11, 13, 15):  # integer offsets -> i64
-            args[k] = context.cast(builder, args[k], signature.args[k], types.int64)
-        body(Emit(context, builder, signature, args), nrows)
+        e = Emit(context, builder, signature, args)
+        nblocks, qb, sb, xe = args[16:20]
+
+        def step(b, accs):
+            view = e.block(b, qb, sb, xe)
+            view.acc = list(accs)
+            body(view, nrows)
+            return view.acc
+
+        zero = ir.Constant(V(F64, R), [0.0] * R)
+        accs = e.loop(nblocks, step, [zero] * nrows)  # accumulators stay in registers across the blocks
+        for i, a in enumerate(accs):
+            e.store(a, e.facc, i * R * 8)
         return context.get_dummy_value()
 
     return sig, codegen
