@@ -30,6 +30,20 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _trim_heap() -> None:
+    """glibc keeps freed arenas; give them back to the OS (a no-op elsewhere)."""
+    import gc
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
 def load_model(model: str | None = None, *, progress: bool = True) -> LoadedModel:
     """Resolve (default model if None) and open a GGUF model, validated."""
     return load_gguf(resolve_model(model, progress=progress))
@@ -56,9 +70,10 @@ class LLM:
             raise InvalidRequestError("ctx_size must be >= 2")
         from edgellm.warmup import warm_up
 
-        self.model = self.loaded.model_module().Model(self.loaded)
+        self.model = self.loaded.model_module().Model(self.loaded, progress=progress)
         self.engine = Engine(self.loaded, self.model, self.tokenizer, ctx_size=self.ctx_size,
                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
+        _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)
 

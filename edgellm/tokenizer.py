@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from edgellm.gguf_file import StringArray
 from edgellm.errors import UnsupportedModelError
 
 # llama.cpp token attributes (bit flags) and the GGUF token_type -> attribute table
@@ -288,9 +289,11 @@ class Tokenizer:
         kind = meta.get("tokenizer.ggml.model")
         if kind not in ("llama", "gpt2"):
             raise UnsupportedModelError(f"unsupported tokenizer model {kind!r} (supported: 'llama', 'gpt2')")
-        tokens = list(meta["tokenizer.ggml.tokens"])
-        if tokens and not isinstance(tokens[0], str):
-            tokens = [t.decode("utf-8", "surrogateescape") for t in tokens]
+        tokens = meta["tokenizer.ggml.tokens"]
+        if not isinstance(tokens, StringArray):  # keep the compact array; copy anything else
+            tokens = list(tokens)
+            if tokens and not isinstance(tokens[0], str):
+                tokens = [t.decode("utf-8", "surrogateescape") for t in tokens]
         if "" in tokens:  # llama.cpp renames empty tokens
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.kind: str = kind

@@ -18,7 +18,7 @@ def _distinct_weights(model) -> list:
 
 
 def warm_up(llm, *, progress: bool = True) -> None:
-    """Run every distinct matmul type once for decode and prefill shapes, then one tiny forward."""
+    """Run every distinct matmul type once, then a tiny prefill and decode forward."""
     from tqdm import tqdm
 
     from kernels_cpu import matmul
@@ -30,8 +30,7 @@ def warm_up(llm, *, progress: bool = True) -> None:
               leave=False, unit="kernel") as bar:
         for w in weights:
             k = w.shape[1]
-            matmul(np.zeros((1, k), np.float32), w)
-            matmul(np.zeros((32, k), np.float32), w)
+            matmul(np.zeros((1, k), np.float32), w)  # one compiled driver per type serves every batch size
             bar.update(1)
         pool = llm.engine.pool
         blocks = pool.allocate(1)

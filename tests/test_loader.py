@@ -28,6 +28,8 @@ def test_reader_matches_gguf_reference(tiny_model, arch):
             continue
         want = field.contents()
         got = ours.metadata[key]
+        if hasattr(got, "tolist") and not isinstance(got, np.ndarray):  # StringArray
+            got = got.tolist()
         if isinstance(got, np.ndarray):
             np.testing.assert_array_equal(got, np.asarray(want))
         else:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from kernels_cpu import get_rows, matmul, prepare_weight
+from kernels_cpu import get_rows, matmul
 from kernels_cpu.attention import paged_attention
 from quant.formats import dequantize
 
@@ -39,16 +39,22 @@ class ForwardBatch:
 class Weights:
     """Tensors by name: matrices prepared for the quantized kernels, vectors as float32 (tiny)."""
 
-    def __init__(self, loaded: LoadedModel):
-        self._g = loaded.gguf
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
+        from edgellm.loader import expected_shapes
+        from edgellm.weight_cache import prepare_all
+
+        self._g = g = loaded.gguf
+        names = [n for n, shape in expected_shapes(loaded.config).items() if len(shape) == 2]
+        names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
+        self._matrices = prepare_all(g, names, progress=progress)
 
     def matrix(self, name: str):
-        t = self._g.tensors[name]
-        return prepare_weight(self._g.tensor_bytes(name), t.qtype, t.shape)
+        """The prepared (repacked, memory-mapped when cached) weight of a 2-D tensor."""
+        return self._matrices[name]
 
     def vector(self, name: str) -> np.ndarray:
         t = self._g.tensors[name]
-        return dequantize(self._g.tensor_bytes(name), t.qtype).reshape(t.shape).astype(np.float32)
+        return dequantize(self._g.read_tensor_copy(name), t.qtype).reshape(t.shape).astype(np.float32)
 
     def has(self, name: str) -> bool:
         return name in self._g.tensors

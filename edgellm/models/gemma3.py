@@ -27,9 +27,9 @@ class Layer:
 class Model:
     """Gemma 3 forward over a ForwardBatch; weights stay quantized (prepared views of the GGUF memmap)."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
         cfg = self.cfg = loaded.config
-        w = Weights(loaded)
+        w = Weights(loaded, progress=progress)
         self.tok_embd = w.matrix("token_embd.weight")
         self.output = self.tok_embd if cfg.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
