@@ -40,13 +40,14 @@ def _finish(e: Emit, mb: int, acc, macc, doff: int) -> None:
 
 def _run_sums(e: Emit, mb: int, t, pairs) -> tuple[list, list]:
     """Integer sums of the two 16-element sub-blocks (2t, 2t+1) of run t from its 16 pair vectors."""
-    lo, hi = [e.zeros_i32()] * mb, [e.zeros_i32()] * mb
+    nc = 2 if mb == 1 else 1  # one row: two chains per sub-block (integer sums: exact either way)
+    acc = [[[e.zeros_i32()] * nc for _ in range(2)] for _ in range(mb)]  # [row][sub-block][chain]
     for pp, w in enumerate(pairs):
         for i in range(mb):
-            if pp < 8:
-                lo[i] = e.madd(lo[i], w, i, e.lin(t, 32, 2 * pp))
-            else:
-                hi[i] = e.madd(hi[i], w, i, e.lin(t, 32, 2 * pp))
+            a = acc[i][pp // 8]
+            a[pp % nc] = e.madd(a[pp % nc], w, i, e.lin(t, 32, 2 * pp))
+    lo = [acc[i][0][0] if nc == 1 else e.add(acc[i][0][0], acc[i][0][1]) for i in range(mb)]
+    hi = [acc[i][1][0] if nc == 1 else e.add(acc[i][1][0], acc[i][1][1]) for i in range(mb)]
     return lo, hi
 
 

@@ -16,11 +16,17 @@ from .matmul_ir import F16, F32, I16, I32, R, V, Emit, register
 
 def _dot32(e: Emit, mb: int, pairs) -> list:
     """Integer dot products of 16 weight pair vectors with each activation row: [<16 x i32>] * mb."""
-    acc = [e.zeros_i32()] * mb
+    nc = {1: 4, 2: 2}.get(mb, 1)  # few rows: split each row's chain of multiply-adds (integer: exact)
+    acc = [[e.zeros_i32()] * nc for _ in range(mb)]
     for p, w in enumerate(pairs):
         for i in range(mb):
-            acc[i] = e.madd(acc[i], w, i, 2 * p)
-    return acc
+            acc[i][p % nc] = e.madd(acc[i][p % nc], w, i, 2 * p)
+    out = []
+    for a in acc:
+        while len(a) > 1:
+            a = [e.add(a[j], a[j + 1]) for j in range(0, len(a), 2)]
+        out.append(a[0])
+    return out
 
 
 def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
