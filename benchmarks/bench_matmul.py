@@ -9,6 +9,7 @@ Shapes whose K is not a multiple of the type's block size are skipped (e.g. k-qu
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -89,11 +90,11 @@ def main(argv=None) -> None:
             for m in ms:
                 x = rng.standard_normal((m, k), dtype=np.float32)
                 out = np.empty((m, n), np.float32)
-                t = bench(lambda: matmul(x, pw, out), min_time=0.3 if n * k * m < 1e10 else 1.0,
-                          max_reps=200 if n * k * m < 1e10 else 5)
+                big = n * k * m >= 1e10
+                t = bench(functools.partial(matmul, x, pw, out), min_time=1.0 if big else 0.3,
+                          max_reps=5 if big else 200)
                 print(f"{qt.name:6} {f'{n}x{k}':>13} {m:4d} {t * 1e3:9.3f} {2 * m * n * k / t / 1e9:8.1f} "
                       f"{wb / t / 1e9:7.2f}", flush=True)
-            del pw
 
 
 if __name__ == "__main__":

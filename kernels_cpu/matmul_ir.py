@@ -18,7 +18,7 @@ per-format body (one K block) is looked up in BODIES, which matmul_q and matmul_
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 from llvmlite import ir
 from numba import types
@@ -53,7 +53,11 @@ class Emit:
         self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
         self.qs = builder.gep(data(12, qs), [qoff])
         self.sc = builder.gep(data(14, sc), [soff])
-        self.acc: list = []  # <16 x double> output accumulators of the rows (SSA values, see facc_add)
+        # <16 x double> output accumulators of the mb rows (SSA values carried across the K blocks): bodies
+        # add their block's products with e.acc[i] = e.fma(..., e.acc[i]). Double: the outputs are the exactly
+        # rounded sums of the per-block products (quantized activations amplify tiny differences, so this
+        # keeps results as close to llama.cpp's as any summation order can).
+        self.acc: list = []
 
     def block(self, b, qbytes, sbytes, xelems):
         """A view of block b (i64) of the row group: weight, scale and activation offsets moved along K."""
@@ -238,14 +242,6 @@ class Emit:
         fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ty, [ty] * 3), name)
         return self.b.call(fn, [a, c, acc])
 
-    # -- output accumulator -----------------------------------------------------------------------------
-    def facc_add(self, i: int, fn: Callable):
-        """acc[i] = fn(acc[i]) on <16 x double> (row i's outputs): block sums are accumulated in double, so
-        outputs are the exactly rounded sums of the per-block products (as close to llama.cpp's f32 results
-        as any order can be; quantized activations amplify tiny differences)."""
-        self.acc[i] = fn(self.acc[i])
-
-
 # FMT (QuantType id) -> body(e: Emit, mb: int) emitting the work for one (row group, K block).
 BODIES: dict[int, Callable[[Emit, int], None]] = {}
 
@@ -267,7 +263,7 @@ def _tune(context, fn) -> None:
     feats = getattr(context.codegen(), "_tm_features", "")
     if "avx512vnni" not in host_features() or not feats or "+avx512vnni" not in feats:
         return
-    attr = '"target-features"="%s,+fast-dpwssd"' % feats
+    attr = f'"target-features"="{feats},+fast-dpwssd"'
     if attr not in fn.attributes:
         set.add(fn.attributes, attr)  # string attribute: llvmlite only validates enum attributes
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F32, R, Emit, register
+from .matmul_ir import F32, Emit, R, register
 
 
 def _accumulate(e: Emit, mb: int, acc, isums, scale) -> list:
@@ -31,11 +31,11 @@ def _finish(e: Emit, mb: int, acc, macc, doff: int) -> None:
         t = e.wide(e.fmul(d, dxi))  # d*dx in f32, like llama.cpp
         a = e.cvt(acc[i])
         if macc is None:
-            e.facc_add(i, lambda f: e.fma(a, t, f))
+            e.acc[i] = e.fma(a, t, e.acc[i])
         else:
             tm = e.wide(e.fneg(e.fmul(dmin, dxi)))
             am = e.cvt(macc[i])
-            e.facc_add(i, lambda f: e.fma(am, tm, e.fma(a, t, f)))
+            e.acc[i] = e.fma(am, tm, e.fma(a, t, e.acc[i]))
 
 
 def _run_sums(e: Emit, mb: int, t, pairs) -> tuple[list, list]:

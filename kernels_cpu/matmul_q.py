@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F16, F32, I16, I32, R, V, Emit, register
+from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
 
 
 def _dot32(e: Emit, mb: int, pairs) -> list:
@@ -40,9 +40,9 @@ def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
         if with_min:
             s = e.b.sitofp(e.add(e.bsum(i, 0), e.bsum(i, 1)), F32)
             xs = e.wide(e.splat(e.b.fmul(dxi, s), R))
-            e.facc_add(i, lambda f: e.fma(e.wide(m), xs, e.fma(a, t, f)))
+            e.acc[i] = e.fma(e.wide(m), xs, e.fma(a, t, e.acc[i]))
         else:
-            e.facc_add(i, lambda f: e.fma(a, t, f))
+            e.acc[i] = e.fma(a, t, e.acc[i])
 
 
 def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
@@ -103,7 +103,7 @@ def _float_body(load_row):
                 accs[i][k % 2] = b.fmul(w, x) if prev is None else e.fma(w, x, prev)
         for i in range(mb):
             s = e.wide(b.fadd(accs[i][0], accs[i][1]))
-            e.facc_add(i, lambda f: b.fadd(f, s))
+            e.acc[i] = b.fadd(e.acc[i], s)
     return body
 
 

@@ -7,13 +7,14 @@ percent (k-quant 6-bit scales are stored unpacked, one byte each).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from quant.formats import k_scale_min, q3_k_scales
-from quant.types import FORMATS, QuantType as Q
+from quant.types import FORMATS
+from quant.types import QuantType as Q
 
 from ._jit import jit
 

@@ -11,13 +11,13 @@ import platform
 import numpy as np
 import pytest
 
-from kernels_cpu import get_rows, matmul, prepare_weight
-from kernels_cpu import _jit
+from kernels_cpu import _jit, get_rows, matmul, prepare_weight
 from kernels_cpu.matmul import PARALLEL_MIN_MACS, _prepare_x
 from kernels_cpu.matmul_driver import make_driver
 from kernels_cpu.repack import LAYOUTS
 from quant.formats import dequantize
-from quant.types import FORMATS, QuantType as Q
+from quant.types import FORMATS
+from quant.types import QuantType as Q
 
 # f16 scale fields per block (set finite and small so NaN/inf never reach the comparison)
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q2_K: (80, 82),
