@@ -62,15 +62,31 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, neox: bool) -
     return x
 
 
+def _gelu_table() -> np.ndarray:
+    """ggml's GELU table: tanh-GELU of every f16 value, rounded to f16, as float32 (65536,)."""
+    x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        y = 0.5 * x * (1.0 + np.tanh(np.float32(SQRT_2_OVER_PI) * x * (1.0 + np.float32(GELU_COEF_A) * x * x)))
+    return y.astype(np.float16).astype(np.float32)
+
+
+GELU_F16 = _gelu_table()
+
+
 @nb.njit(cache=True, nogil=True)
-def _geglu(out, gate, up):
-    # tanh-approximated GELU(gate) * up, as ggml_gelu (f32 path)
+def _geglu(out, gate, gate_f16, up, table):
+    # GELU(gate) * up with ggml's f16 table (GGML_GELU_FP16): the input rounded to f16 (bits in gate_f16)
+    # indexes the table
     T, F = gate.shape
     for t in range(T):
         for f in range(F):
             g = gate[t, f]
-            y = np.float32(0.5) * g * (np.float32(1.0) + np.float32(
-                math.tanh(np.float32(SQRT_2_OVER_PI) * g * (np.float32(1.0) + np.float32(GELU_COEF_A) * g * g))))
+            if g <= np.float32(-10.0):
+                y = np.float32(0.0)
+            elif g >= np.float32(10.0):
+                y = g
+            else:
+                y = table[gate_f16[t, f]]
             out[t, f] = y * up[t, f]
 
 
@@ -86,7 +102,7 @@ def _swiglu(out, gate, up):
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """GELU(gate) * up for (T, F) float32 arrays."""
     out = np.empty_like(gate)
-    _geglu(out, gate, up)
+    _geglu(out, gate, gate.astype(np.float16).view(np.uint16), up, GELU_F16)
     return out
 
 

@@ -45,5 +45,6 @@ def test_logits_match_llamacpp(case, loaded_cases):
         llm.engine.pool.free(blocks)
     scale = np.abs(want).max()
     err = np.abs(got - want).max() / scale
+    print(f"{case}: max |diff| / max |logit| = {err:.2e}")
     assert err <= 1e-3, f"{case}: max |diff| / max |logit| = {err:.2e}"
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.95
