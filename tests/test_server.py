@@ -119,6 +119,9 @@ def test_health_models_openapi(server, client, llm):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     models = client.models.list().data
     assert len(models) == 1 and models[0].owned_by == "edgellm"
+    assert client.models.retrieve(models[0].id).id == models[0].id
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
     spec = httpx.get(server.url + "/openapi.json").json()
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health"):
         assert path in spec["paths"]
@@ -293,6 +296,7 @@ def test_queue_full_is_429(server, client, model_id):
                           json={"prompt": "Tell me a long story.", "max_tokens": 64, "stream": True,
                                 "ignore_eos": True}) as resp:
             next(resp.iter_lines())  # the first request is in flight
+            assert state.n_active == 1
             with pytest.raises(openai.RateLimitError) as e:
                 client.completions.create(model=model_id, prompt="x", max_tokens=1)
             assert e.value.response.headers["retry-after"] and e.value.body["code"] == "rate_limit_exceeded"
@@ -308,6 +312,11 @@ def test_disconnect_mid_stream_frees_blocks(server, llm):
             lines = resp.iter_lines()
             seen = [line for line, _ in zip(lines, range(8)) if line.startswith("data: ")]
             assert seen
+            t = time.perf_counter()  # the event loop answers while the engine thread computes
+            assert httpx.get(server.url + "/health").status_code == 200
+            assert time.perf_counter() - t < 1.0
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up is cancelled too
+        httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "ignore_eos": True}, timeout=1.0)
     deadline = time.time() + 30
     while (llm.engine.stats()["running"] or llm.engine.stats()["waiting"]) and time.time() < deadline:
         time.sleep(0.05)

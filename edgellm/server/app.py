@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm.errors import EdgeLLMError
@@ -298,13 +299,31 @@ def _usage(gen: Generation, prompts: list[list[int]]) -> dict:
     return {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
 
 
+def _card(s: ServerState) -> dict:
+    return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "edgellm",
+            "max_model_len": s.max_len}
+
+
 def _sse(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def _stream_response(events: AsyncIterator[str]):
-    from sse_starlette import EventSourceResponse
+class _EventStream(EventSourceResponse):
+    """SSE response that cancels its generation however the response ends (even if the client left before the
+    body started)."""
 
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _stream_response(gen: Generation, events: AsyncIterator[str]):
     async def body():
         try:
             async for data in events:
@@ -316,7 +335,7 @@ def _stream_response(events: AsyncIterator[str]):
             yield {"data": _sse(P.error_body(f"{type(e).__name__}: {e}", "server_error"))}
         yield {"data": "[DONE]"}
 
-    return EventSourceResponse(body(), sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
+    return _EventStream(body(), gen.cancel, sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
 
 
 # -- the app ------------------------------------------------------------------------------------------------
@@ -338,6 +357,20 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     app = FastAPI(title="edgellm", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible LLM inference on CPU from GGUF files.")
     app.state.server = state
+
+    def openapi() -> dict:  # validation errors are 400 here, not FastAPI's 422: document what is sent
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    op.get("responses", {}).pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     async def authorized(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         if creds is None or not hmac.compare_digest(creds.credentials.encode(), state.api_key.encode()):
@@ -403,8 +436,13 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
 
     @app.get("/v1/models", response_model=P.ModelList, dependencies=guarded, responses=ERROR_RESPONSES)
     async def models(s: ServerState = Depends(ready)):
-        return {"object": "list", "data": [{"id": s.model_id, "object": "model", "created": s.created,
-                                            "owned_by": "edgellm", "max_model_len": s.max_len}]}
+        return {"object": "list", "data": [_card(s)]}
+
+    @app.get("/v1/models/{model}", response_model=P.ModelCard, dependencies=guarded, responses=ERROR_RESPONSES)
+    async def model_card(model: str, s: ServerState = Depends(ready)):
+        if model not in s.aliases:
+            raise P.APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return _card(s)
 
     @app.post("/tokenize", response_model=P.TokenizeResponse, dependencies=guarded, responses=ERROR_RESPONSES)
     async def tokenize(body: P.TokenizeRequest, s: ServerState = Depends(ready)):
@@ -463,7 +501,7 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
                 if usage:
                     yield _sse({**head, "choices": [], "usage": _usage(gen, [prompt])})
 
-            return _stream_response(chunks())
+            return _stream_response(gen, chunks())
         await gen.collect(request)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.request.text},
                     "logprobs": _chat_logprobs(s, c, len(c.request.output_ids)) if k is not None else None,
@@ -508,7 +546,7 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
                 if usage:
                     yield _sse({**head, "choices": [], "usage": _usage(gen, prompts)})
 
-            return _stream_response(chunks())
+            return _stream_response(gen, chunks())
         await gen.collect(request)
         choices = []
         for c in gen.choices:

@@ -15,6 +15,7 @@ from edgellm.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request (each is one engine request)
 MAX_STOP = 16
+MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (dividing logits by ~0 would overflow to NaN)
 INT64 = dict(ge=-(2 ** 63), le=2 ** 63 - 1)
 
 
@@ -53,7 +54,7 @@ class _Sampling(_Request):
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=10, description="llama.cpp repeat penalty; 1 = off.")
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100, description="llama.cpp repeat penalty; 1 = off.")
     seed: int | None = Field(None, **INT64)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -238,12 +239,13 @@ def sampling_params(req: _Sampling, *, max_tokens: int, n_vocab: int, logprobs: 
             raise APIError(400, f"logit_bias token id {tok} out of range [0, {n_vocab})", param="logit_bias")
         bias[tok] = value
     seed = None if req.seed is None else (req.seed + choice) % 2 ** 64  # numpy wants a non-negative seed
+    temperature = 1.0 if req.temperature is None else req.temperature
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise APIError(400, "stop strings must be non-empty", param="stop")
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
+        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
         top_k=max(req.top_k or 0, 0),
         top_p=1.0 if req.top_p is None else max(req.top_p, 1e-9),  # top_p 0 keeps only the top token
         min_p=req.min_p or 0.0,
