@@ -182,7 +182,8 @@ def test_chat_stream_equals_non_stream(server, client, model_id):
 
 def test_chat_max_tokens_and_max_completion_tokens(client, model_id):
     msgs = [{"role": "user", "content": "Count from one to twenty: one, two,"}]
-    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=3, temperature=0,
+                                       extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
     r = client.chat.completions.create(model=model_id, messages=msgs, max_completion_tokens=2, max_tokens=9,
                                        temperature=0, extra_body={"ignore_eos": True})
@@ -224,6 +225,8 @@ def test_completions_prompt_forms_and_stream(server, client, model_id, llm):
         assert r.choices[0].text == expect and r.usage.prompt_tokens == len(ids)
     stream = client.completions.create(model=model_id, prompt=prompt, max_tokens=5, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices) == expect
+    r = client.completions.create(model=model_id, prompt=prompt, max_tokens=5, temperature=0, echo=True)
+    assert r.choices[0].text == prompt + expect
 
 
 def test_completions_stop_sequence(client, model_id, llm):
