@@ -296,10 +296,18 @@ def test_queue_full_is_429(server, client, model_id):
     state.capacity = 1
     try:
         with httpx.stream("POST", server.url + "/v1/completions",
-                          json={"prompt": "Tell me a long story.", "max_tokens": 64, "stream": True,
+                          json={"prompt": "Tell me a long story.", "max_tokens": 400, "stream": True,
                                 "ignore_eos": True}) as resp:
-            next(resp.iter_lines())  # the first request is in flight
+            first = next(resp.iter_lines())  # the first request is in flight
             assert state.n_active == 1
+            t = time.perf_counter()
+            try:
+                client.completions.create(model=model_id, prompt="x", max_tokens=1)
+            except openai.RateLimitError:
+                pass
+            else:
+                raise AssertionError(f"no 429 after {time.perf_counter() - t:.3f}s; first={first!r} "
+                                     f"n_active={state.n_active} rest={list(resp.iter_lines())[-3:]!r}")
             with pytest.raises(openai.RateLimitError) as e:
                 client.completions.create(model=model_id, prompt="x", max_tokens=1)
             assert e.value.response.headers["retry-after"] and e.value.body["code"] == "rate_limit_exceeded"
