@@ -69,6 +69,14 @@ class Scheduler:
         self.preemptions += 1
         return True
 
+    def _next_end(self, req: Request, budget: int) -> int:
+        """End position of req's work this step. Tokens past the prompt (generated ones, also when
+        recomputed after a preemption) run one per step through the decode path, exactly as they first
+        ran, so preemption does not change results; prompt tokens run in fixed chunks."""
+        if req.n_computed >= len(req.prompt_ids):
+            return req.n_computed + 1
+        return self._chunk_end(req, budget)
+
     def _chunk_end(self, req: Request, budget: int) -> int:
         """End position of the next prefill chunk: fixed multiples of `chunk` (batch-invariant splits)."""
         total = len(req.prompt_ids)
@@ -85,9 +93,7 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: (-r.priority, r.t_arrival)):
             if req not in self.running:
                 continue  # preempted below
-            # Tokens past the prompt (generated ones, also when recomputed after a preemption) run one per
-            # step through the decode path, exactly as they first ran: preemption does not change results.
-            end = req.n_computed + 1 if req.n_computed >= len(req.prompt_ids) else self._chunk_end(req, budget)
+            end = self._next_end(req, budget)
             if end <= req.n_computed:
                 continue
             while not self._grow(req, end):
@@ -105,7 +111,7 @@ class Scheduler:
                 continue
             if self.prefix is not None and not req.block_table:
                 self.prefix.admit(req)  # reuse the longest cached prefix
-            end = self._chunk_end(req, budget)
+            end = self._next_end(req, budget)
             # admission: the whole prompt (plus one output block) must fit now
             if self._blocks_needed(req, req.n_tokens + 1) > self.pool.n_free or end <= req.n_computed:
                 self.release(req)  # do not pin cached prefix blocks while waiting

@@ -1,0 +1,116 @@
+"""Engine: continuous batching, prefix reuse, preemption, cancellation — block accounting and batch invariance."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgellm import LLM, SamplingParams
+from edgellm.engine.engine import Engine
+from edgellm.errors import ContextOverflowError
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_model):
+    return LLM(tiny_model("llama"), ctx_size=256, progress=False)
+
+
+def make_engine(llm, kv_tokens: int, **kw) -> Engine:
+    return Engine(llm.loaded, llm.model, llm.tokenizer, ctx_size=llm.ctx_size, kv_cache_tokens=kv_tokens, **kw)
+
+
+def run_all(engine: Engine, reqs, cancel_at: dict | None = None, max_steps: int = 10_000):
+    cancel_at = cancel_at or {}
+    for step in range(max_steps):
+        for r in reqs:
+            if cancel_at.get(r.id) == step:
+                engine.cancel(r)
+        if not engine.has_work() and all(r.finished for r in reqs):
+            break
+        engine.step()
+    engine.step()  # reap
+    return [r.output() for r in reqs]
+
+
+def assert_no_leaks(engine: Engine):
+    pool = engine.pool
+    assert all(c == 0 for c in pool.ref), "a block is still referenced after every request ended"
+    assert pool.n_free == pool.n_blocks
+    assert pool.cached <= set(engine.prefix.by_block)
+    assert not engine.requests
+
+
+def alone(llm, ids, n):
+    eng = make_engine(llm, 512)
+    (out,) = run_all(eng, [eng.add_request(ids, SamplingParams(max_tokens=n, **GREEDY))])
+    return out.token_ids
+
+
+def test_batch_of_8_equals_alone(tiny_llm):
+    rng = np.random.default_rng(0)
+    prompts = [[1] + rng.integers(3, 500, int(rng.integers(3, 40))).tolist() for _ in range(8)]
+    eng = make_engine(tiny_llm, 1024)
+    outs = run_all(eng, [eng.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in prompts])
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == alone(tiny_llm, p, 12)
+    assert_no_leaks(eng)
+
+
+def test_prefix_hit_reuses_blocks_and_same_output(tiny_llm):
+    rng = np.random.default_rng(1)
+    shared = [1] + rng.integers(3, 500, 70).tolist()
+    eng = make_engine(tiny_llm, 1024)
+    first = run_all(eng, [eng.add_request(shared + [7, 8], SamplingParams(max_tokens=6, **GREEDY))])[0]
+    second_req = eng.add_request(shared + [9, 10, 11], SamplingParams(max_tokens=6, **GREEDY))
+    second = run_all(eng, [second_req])[0]
+    assert second.metrics["cached_tokens"] == 64  # the 4 full 16-token blocks of the shared 71 tokens
+    assert second.token_ids == alone(tiny_llm, shared + [9, 10, 11], 6)
+    assert first.token_ids == alone(tiny_llm, shared + [7, 8], 6)
+    assert eng.stats()["prefix_hit_tokens"] == 64
+    assert_no_leaks(eng)
+
+
+def test_preemption_keeps_outputs(tiny_llm):
+    rng = np.random.default_rng(2)
+    prompts = [[1] + rng.integers(3, 500, 40).tolist() for _ in range(4)]
+    eng = make_engine(tiny_llm, 160)  # 10 blocks: 4 requests of 40 + 40 tokens cannot all stay
+    outs = run_all(eng, [eng.add_request(p, SamplingParams(max_tokens=40, **GREEDY)) for p in prompts])
+    assert eng.scheduler.preemptions > 0
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == alone(tiny_llm, p, 40)
+    assert_no_leaks(eng)
+
+
+def test_request_that_cannot_fit_is_rejected(tiny_llm):
+    eng = make_engine(tiny_llm, 64)
+    with pytest.raises(ContextOverflowError):
+        eng.add_request([1] * 100, SamplingParams(max_tokens=4))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_streams_no_leaks_and_same_outputs(tiny_llm, data):
+    rng_seed = data.draw(st.integers(0, 10_000))
+    rng = np.random.default_rng(rng_seed)
+    n = data.draw(st.integers(1, 7))
+    base = [1] + rng.integers(3, 500, 48).tolist()
+    prompts = []
+    for _ in range(n):
+        share = int(rng.integers(0, 49))  # shared prefixes of random length
+        prompts.append(base[:max(1, share)] + rng.integers(3, 500, int(rng.integers(1, 30))).tolist())
+    max_toks = [int(rng.integers(1, 20)) for _ in range(n)]
+    kv = data.draw(st.sampled_from([96, 160, 1024]))  # small budgets force preemption
+    eng = make_engine(tiny_llm, kv, max_batch=data.draw(st.integers(1, 8)))
+    reqs = [eng.add_request(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in zip(prompts, max_toks)]
+    cancelled = {r.id: int(rng.integers(0, 30)) for r in reqs if rng.random() < 0.25}
+    outs = run_all(eng, reqs, cancel_at=cancelled)
+    assert all(c >= 0 for c in eng.pool.ref)
+    assert_no_leaks(eng)
+    for r, p, m, o in zip(reqs, prompts, max_toks, outs):
+        if o.finish_reason == "cancelled":
+            continue
+        assert o.finish_reason == "length"
+        assert o.token_ids == alone(tiny_llm, p, m)
