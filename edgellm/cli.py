@@ -186,8 +186,10 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
 
 
 from edgellm.cli_chat import chat  # noqa: E402
+from edgellm.cli_serve import serve  # noqa: E402
 
 main.add_command(chat)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()
