@@ -54,7 +54,8 @@ class LLM:
     or lists of token ids."""
 
     def __init__(self, model: str | None = None, *, threads: int | None = None, ctx_size: int | None = None,
-                 kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None):
+                 kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,
+                 load_tokenizer: bool = True):
         if progress is None:
             progress = sys.stderr.isatty()
         from kernels_cpu import set_threads
@@ -64,18 +65,27 @@ class LLM:
         self.loaded = load_model(model, progress=progress)
         cfg = self.loaded.config
         self.config = cfg
-        self.tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
         self.ctx_size = min(ctx_size or DEFAULT_CTX, cfg.n_ctx_train)
         if self.ctx_size < 2:
             raise InvalidRequestError("ctx_size must be >= 2")
         from edgellm.warmup import warm_up
 
         self.model = self.loaded.model_module().Model(self.loaded, progress=progress)
-        self.engine = Engine(self.loaded, self.model, self.tokenizer, ctx_size=self.ctx_size,
+        self._tokenizer: Tokenizer | None = None
+        if load_tokenizer:  # before the weights page in, so its build buffers never add to the peak
+            self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
+        self.engine = Engine(self.loaded, self.model, lambda: self.tokenizer, ctx_size=self.ctx_size,
                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
         _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, built on first use (a benchmark or a token-id client never pays for it)."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
+        return self._tokenizer
 
     # -- tokens ---------------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True, add_bos: bool = False) -> list[int]:

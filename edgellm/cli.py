@@ -172,7 +172,7 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
     """Throughput like llama-bench: prompt processing and token generation tokens/s, peak RSS."""
     from edgellm.bench import bench as run
 
-    llm = _llm(model, threads, ctx_size=max(n_prompt, n_gen) + 16)
+    llm = _llm(model, threads, ctx_size=max(n_prompt, n_gen) + 16, load_tokenizer=False)  # token ids only
     r = run(llm, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions)
     if as_json:
         click.echo(json.dumps(r.as_dict()))

@@ -195,6 +195,29 @@ class GGUFFile:
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
         return np.frombuffer(buf, dtype=np.uint8).reshape(rows, t.n_bytes // rows)
 
+    def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Selected rows (len(rows), row_bytes) of a 2-D tensor, read with pread (an embedding lookup
+        through the memmap maps whole page-cache folios, hundreds of KB per row, into resident memory)."""
+        t = self.tensors[name]
+        n_rows = t.shape[0]
+        rb = t.n_bytes // n_rows
+        out = np.empty((len(rows), rb), dtype=np.uint8)
+        fd = self._fd()
+        for i, r in enumerate(rows.tolist()):
+            if not 0 <= r < n_rows:
+                raise ValueError(f"row {r} out of range for {name!r} ({n_rows} rows)")
+            got = os.preadv(fd, [memoryview(out[i])], t.offset + r * rb)
+            if got != rb:
+                raise GGUFError(f"{self.path}: short read of {name!r} row {r}")
+        return out
+
+    def _fd(self) -> int:
+        fd = getattr(self, "_fd_cache", None)
+        if fd is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            self._fd_cache = fd
+        return fd
+
     def tensor_bytes(self, name: str) -> np.ndarray:
         """Zero-copy (n_rows, row_bytes) uint8 view of a tensor (1-D tensors: one row)."""
         t = self.tensors[name]

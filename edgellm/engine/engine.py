@@ -23,7 +23,8 @@ class Engine:
 
     def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
                  max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE):
-        self.loaded, self.model, self.tokenizer = loaded, model, tokenizer
+        self.loaded, self.model = loaded, model
+        self._tokenizer = tokenizer  # a Tokenizer, or a zero-argument function building it on first use
         self.ctx_size = ctx_size
         kv_tokens = kv_cache_tokens or ctx_size
         n_blocks = -(-kv_tokens // block_size)
@@ -36,6 +37,12 @@ class Engine:
         self.runner = ModelRunner(model, self.kv)
         self.requests: dict[int, Request] = {}
         self.lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        if callable(self._tokenizer) and not hasattr(self._tokenizer, "encode"):
+            self._tokenizer = self._tokenizer()
+        return self._tokenizer
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, *, priority: int = 0,
                     defer: bool = False) -> Request:

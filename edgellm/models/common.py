@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from kernels_cpu import get_rows, matmul
+from kernels_cpu import matmul
 from kernels_cpu.attention import paged_attention
 from quant.formats import dequantize
 
@@ -44,7 +44,8 @@ class Weights:
         from edgellm.weight_cache import prepare_all
 
         self._g = g = loaded.gguf
-        names = [n for n, shape in expected_shapes(loaded.config).items() if len(shape) == 2]
+        names = [n for n, shape in expected_shapes(loaded.config).items() if len(shape) == 2
+                 and (n != "token_embd.weight" or loaded.config.tied_output)]  # untied: lookup only
         names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
         self._matrices = prepare_all(g, names, progress=progress)
 
@@ -71,11 +72,22 @@ def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: 
     return out.reshape(len(q), -1)
 
 
-def embed(tok_embd, tokens: np.ndarray, n_vocab: int) -> np.ndarray:
-    """Embedding rows (T, D) for validated token ids."""
-    if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
-        raise ValueError(f"token id out of range [0, {n_vocab})")
-    return get_rows(tok_embd, tokens)
+class Embedding:
+    """Token embedding lookup: rows read with pread and dequantized (the table is never paged in whole)."""
+
+    def __init__(self, loaded: LoadedModel, name: str = "token_embd.weight"):
+        self._g, self.name = loaded.gguf, name
+        t = self._g.tensors[name]
+        self.qtype, self.n_vocab = t.qtype, t.shape[0]
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        """(T,) token ids -> (T, D) float32."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
+            raise ValueError(f"token id out of range [0, {self.n_vocab})")
+        uniq, inv = np.unique(tokens, return_inverse=True)
+        rows = dequantize(self._g.read_rows(self.name, uniq), self.qtype)  # (U, D)
+        return np.ascontiguousarray(rows[inv], dtype=np.float32)
 
 
 def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:

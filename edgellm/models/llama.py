@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from edgellm.models.common import ForwardBatch, Weights, attend, embed, linear
+from edgellm.models.common import Embedding, ForwardBatch, Weights, attend, linear
 from kernels_cpu import matmul
 from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
 
@@ -28,8 +28,8 @@ class Model:
     def __init__(self, loaded: LoadedModel, *, progress: bool = False):
         cfg = self.cfg = loaded.config
         w = Weights(loaded, progress=progress)
-        self.tok_embd = w.matrix("token_embd.weight")
-        self.output = self.tok_embd if cfg.tied_output else w.matrix("output.weight")
+        self.embed = Embedding(loaded)
+        self.output = w.matrix("token_embd.weight" if cfg.tied_output else "output.weight")
         self.output_norm = w.vector("output_norm.weight")
         self.layers = [Layer(w, i, cfg) for i in range(cfg.n_layers)]
 
@@ -41,7 +41,7 @@ class Model:
         """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
         c = self.cfg
         T = len(batch.tokens)
-        x = embed(self.tok_embd, batch.tokens, c.n_vocab)  # (T, D)
+        x = self.embed(batch.tokens)  # (T, D)
         cos, sin = rope_tables(batch.positions, c.head_dim, c.rope_base, c.rope_scale)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
