@@ -1,0 +1,96 @@
+"""Paged attention and element-wise ops against their NumPy twins."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels_cpu.attention import attention_reference, paged_attention
+from kernels_cpu.ops import GELU_F16, apply_rope, geglu, rmsnorm, rope_tables, swiglu
+
+
+def _paged(k, v, bs, rng):
+    """Scatter contiguous (P, KVH, hd) k/v into shuffled blocks; returns caches and the block table."""
+    P = k.shape[0]
+    nblk = -(-P // bs)
+    ids = rng.permutation(nblk + 3)[:nblk]
+    kc = np.zeros((nblk + 3, bs) + k.shape[1:], np.float32)
+    vc = np.zeros((nblk + 3, bs) + v.shape[1:], np.float32)
+    for p in range(P):
+        kc[ids[p // bs], p % bs] = k[p]
+        vc[ids[p // bs], p % bs] = v[p]
+    return kc, vc, ids[None, :]
+
+
+@pytest.mark.parametrize("H,KVH,hd,window,softcap", [(4, 1, 64, 0, 0.0), (4, 2, 32, 5, 0.0), (2, 2, 16, 0, 30.0),
+                                                     (8, 4, 48, 7, 50.0)])
+@pytest.mark.parametrize("P", [1, 17, 40])
+def test_paged_attention_matches_reference(H, KVH, hd, window, softcap, P):
+    rng = np.random.default_rng(P + H)
+    k = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    T = min(P, 9)
+    pos = np.arange(P - T, P)
+    q = rng.normal(size=(T, H, hd)).astype(np.float32)
+    kc, vc, bt = _paged(k, v, 16, rng)
+    got = paged_attention(q, kc, vc, pos, np.zeros(T, np.int64), bt, window=window, scale=hd ** -0.5, softcap=softcap)
+    want = attention_reference(q, k, v, pos, window=window, scale=hd ** -0.5, softcap=softcap)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_attention_rows_batch_invariant():
+    rng = np.random.default_rng(0)
+    k = rng.normal(size=(30, 1, 32)).astype(np.float32)
+    v = rng.normal(size=(30, 1, 32)).astype(np.float32)
+    kc, vc, bt = _paged(k, v, 16, rng)
+    q = rng.normal(size=(30, 4, 32)).astype(np.float32)
+    full = paged_attention(q, kc, vc, np.arange(30), np.zeros(30, np.int64), bt, scale=0.1)
+    one = paged_attention(q[29:], kc, vc, np.array([29]), np.zeros(1, np.int64), bt, scale=0.1)
+    np.testing.assert_array_equal(full[29:], one)
+
+
+def test_attention_rejects_bad_block_table():
+    q = np.zeros((1, 2, 8), np.float32)
+    kc = np.zeros((2, 16, 1, 8), np.float32)
+    with pytest.raises(ValueError):
+        paged_attention(q, kc, kc, np.array([20]), np.zeros(1, np.int64), np.array([[0, 5]]), scale=1.0)
+    with pytest.raises(ValueError):
+        paged_attention(q, kc, kc, np.array([40]), np.zeros(1, np.int64), np.array([[0, 1]]), scale=1.0)
+
+
+def test_rmsnorm():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5, 3, 64)).astype(np.float32)
+    w = rng.normal(size=64).astype(np.float32)
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(rmsnorm(x, w, 1e-6), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_matches_complex_rotation(neox):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, 2, 16)).astype(np.float32)
+    pos = np.array([0, 1, 5, 17, 100, 1000])
+    cos, sin = rope_tables(pos, 16, 10000.0)
+    got = apply_rope(x.copy(), cos, sin, neox=neox)
+    freqs = 10000.0 ** (-np.arange(0, 16, 2) / 16)
+    ang = pos[:, None] * freqs[None, :]  # (T, 8)
+    if neox:
+        z = x[..., :8] + 1j * x[..., 8:]
+    else:
+        z = x[..., 0::2] + 1j * x[..., 1::2]
+    r = z * np.exp(1j * ang)[:, None, :]
+    want = np.concatenate([r.real, r.imag], -1) if neox else np.stack([r.real, r.imag], -1).reshape(x.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
+
+
+def test_geglu_uses_f16_table_and_swiglu():
+    rng = np.random.default_rng(3)
+    g = (rng.normal(size=(4, 64)) * 4).astype(np.float32)
+    g[0, :3] = [-12.0, 12.0, 0.0]
+    u = rng.normal(size=(4, 64)).astype(np.float32)
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
+    np.testing.assert_allclose(geglu(g, u), gelu * u, rtol=2e-3, atol=2e-3)  # f16 table resolution
+    idx = g[1].astype(np.float16).view(np.uint16)
+    want = np.where(g[1] <= -10, 0, np.where(g[1] >= 10, g[1], GELU_F16[idx])) * u[1]
+    np.testing.assert_array_equal(geglu(g, u)[1], want.astype(np.float32))
+    np.testing.assert_allclose(swiglu(g, u), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
