@@ -94,11 +94,16 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
 
 _NO_DX = np.zeros((1, 1), np.float32)
 _NO_BS = np.zeros((1, 1), np.int32)
+_NO_S1 = np.zeros((1, 0), np.float32)
+# Weights whose llama.cpp dot product takes block_q8_1 activations: the min term uses the block's f16 sum s.
+_Q8_1_WEIGHTS = frozenset({QuantType.Q4_1, QuantType.Q5_1})
 
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K), scales (M, K/qb) and sums of 16
-    codes (M, K/16); or, for float weights, float32 x zero-padded to whole blocks (dx, bs unused)."""
+    codes (M, K/16) — for Q4_1 / Q5_1, bs is instead float32 (M, K/16) with the f16-rounded Q8_1 block sums
+    at even columns (see quantize_act); or, for float weights, float32 x zero-padded to whole blocks (dx, bs
+    unused)."""
     M, K = x.shape
     qb = pw._act_block
     if qb == 0:
@@ -110,7 +115,11 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     xq = np.empty((M, K), np.int16)
     dx = np.empty((M, K // qb), np.float32)
     bs = np.empty((M, K // 16), np.int32)
-    quantize_act(xq, dx, bs, x, qb)
+    if pw.qtype in _Q8_1_WEIGHTS:
+        s1 = np.empty((M, K // 16), np.float32)
+        quantize_act(xq, dx, bs, s1, x, qb)
+        return xq, dx, s1
+    quantize_act(xq, dx, bs, _NO_S1, x, qb)
     return xq, dx, bs
 
 

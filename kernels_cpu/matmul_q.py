@@ -4,8 +4,9 @@ Repacked layout of one (row group, block) — see repack.py:
   qs: pair vectors of 32 bytes (lane 2r+e = row r, element 2p+e), 4-bit codes two pairs per vector
       (low nibble = pair v, high nibble = pair v+8), Q5 high bits as one u32 per pair (bit = lane);
   sc: f16 d for the 16 rows, then (Q4_1 / Q5_1) f16 m for the 16 rows.
-Activations: int16 (quantized per 32 like Q8_0), dx per 32, bs = sums per 16.
-y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * dx*sum(xq) for the formats with a min), accumulated in double.
+Activations: int16 (quantized per 32 like Q8_0), dx per 32; for the formats with a min (Q4_1, Q5_1) bs holds
+the Q8_1 block sum s = f16(d*sum(xq)) (float32, even columns), as llama.cpp's block_q8_1.
+y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * s for the formats with a min), accumulated in double.
 """
 from __future__ import annotations
 
@@ -30,16 +31,15 @@ def _dot32(e: Emit, mb: int, pairs) -> list:
 
 
 def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
-    """facc += cvt(acc) * (d*dx)  [+ m * dx*sum(xq)], always in this order."""
+    """facc += cvt(acc) * (d*dx)  [+ m * s], always in this order."""
     d = e.f16x16(0)
     m = e.f16x16(32) if with_min else None
     for i in range(mb):
         dxi = e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32)
         t = e.wide(e.fmul(d, e.splat(dxi, R)))  # d*dx in f32, like llama.cpp
         a = e.cvt(acc[i])
-        if with_min:
-            s = e.b.sitofp(e.add(e.bsum(i, 0), e.bsum(i, 1)), F32)
-            xs = e.wide(e.splat(e.b.fmul(dxi, s), R))
+        if with_min:  # + m * s, s = the Q8_1 block sum (f16-rounded d*sum(xq), as llama.cpp's block_q8_1)
+            xs = e.wide(e.splat(e.load(e.bs, e.elem_off(e.bsoff, e.bsstride, i, 0, 4), F32), R))
             e.acc[i] = e.fma(e.wide(m), xs, e.fma(a, t, e.acc[i]))
         else:
             e.acc[i] = e.fma(a, t, e.acc[i])

@@ -1,8 +1,9 @@
 """Fused dequantizing matmul (kernels_cpu.matmul) against the NumPy reference dequantizer.
 
 Two references per case: a tight one that applies the kernels' activation quantization (int8 per 32 or
-per 256, like llama.cpp) and then computes x_hat @ W.T in float64, and a loose one, plain x @ W.T, with the
-error bound that activation rounding allows (sum_k |w_k| * dx_k / 2).
+per 256, like llama.cpp; for Q4_1 / Q5_1 also Q8_1's f16 block sums in the min term) and then computes
+x_hat @ W.T in float64, and a loose one, plain x @ W.T, with the error bound that activation rounding allows
+(sum_k |w_k| * dx_k / 2, plus the f16 rounding of the Q8_1 sums).
 """
 from __future__ import annotations
 
@@ -65,6 +66,20 @@ def act_twin(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
     return x_hat, np.abs(np.broadcast_to(d, xb.shape)).reshape(M, K).astype(np.float64)
 
 
+def q8_1_sum_twin(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's block_q8_1 sums (Q4_1 / Q5_1 activations) per 32-block: (s, dx*sum(q)) (M, K/32) float64,
+    s = f16(d * sum(q)) with the unrounded d = amax/127 (quantize_row_q8_1), dx*sum(q) what x_hat sums to."""
+    M, K = x.shape
+    xb = x.reshape(M, K // 32, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = amax / np.float32(127)
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).sum(-1).astype(np.float32)
+    s = (d * q).astype(np.float16).astype(np.float64)
+    return s, d.astype(np.float16).astype(np.float64) * q
+
+
 def check(qt: Q, n: int, k: int, ms, rng, raw=None) -> None:
     raw = random_weight(qt, n, k, rng) if raw is None else raw
     w = dequantize(raw, qt).reshape(n, k).astype(np.float64)  # (N, K)
@@ -76,10 +91,16 @@ def check(qt: Q, n: int, k: int, ms, rng, raw=None) -> None:
         qb = LAYOUTS[qt].act_block
         x_hat, dx = act_twin(x, qb) if qb else (x.astype(np.float64), np.zeros((m, k)))
         tight = x_hat @ w.T
+        s_err = 0.0
+        if qt in (Q.Q4_1, Q.Q5_1):  # the min term is m * s with the f16 block sum s, not m * sum(x_hat)
+            mins = raw.reshape(n, k // 32, -1)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+            s, dxq = q8_1_sum_twin(x)
+            tight += (s - dxq) @ mins.T
+            s_err = np.abs(s - dxq) @ np.abs(mins).T
         tol = 1e-5 * (np.abs(x_hat) @ np.abs(w).T) + 1e-30
         np.testing.assert_array_less(np.abs(y - tight), tol, err_msg=f"{qt.name} {n}x{k} M={m} (tight)")
         loose = x.astype(np.float64) @ w.T
-        bound = tol + 1.0001 * (0.5 * dx) @ np.abs(w).T
+        bound = tol + 1.0001 * ((0.5 * dx) @ np.abs(w).T + s_err)
         np.testing.assert_array_less(np.abs(y - loose), bound, err_msg=f"{qt.name} {n}x{k} M={m} (loose)")
 
 
