@@ -8,7 +8,10 @@ Outputs (all next to this script):
   perplexity_gemma3.json  llama-perplexity's procedure on perplexity.txt (windows of 256, BOS at each window start,
                           second half scored), per-token NLL, ppl; plus one longer-window run that crosses Gemma 3's
                           512-token sliding window
-  tiny_<name>.json/.npz   full logits of tiny random models (tests/tiny_models.py) on a fixed token sequence
+  tiny_<name>.json/.npz   full logits of tiny random models (tests/tiny_models.py) on a fixed token sequence; for
+                          weight types whose matmuls quantize the activations (Q4_0 ... Q8_0, k-quants) also
+                          "matmul probes": the input and output rows of a few of llama.cpp's matmuls, taken from
+                          the graph with an eval callback, so single matmuls can be compared at ~1e-7
 
 llama.cpp is configured for the most exact comparison: F32 K/V cache (type_k = type_v = GGML_TYPE_F32, so K/V are not
 rounded to f16), no flash attention, full-size SWA cache, no weight repacking (use_extra_bufts = False: plain GGUF
@@ -68,7 +71,21 @@ TINY_CONFIGS = [  # (file stem, arch, qtype)
     ("tiny_gemma3", "gemma3", "F32"),
     ("tiny_llama_q8_0", "llama", "Q8_0"),
     ("tiny_gemma3_f16", "gemma3", "F16"),
+    ("tiny_llama_q4_0", "llama", "Q4_0"),
+    ("tiny_llama_q4_1", "llama", "Q4_1"),
+    ("tiny_llama_q5_0", "llama", "Q5_0"),
+    ("tiny_llama_q5_1", "llama", "Q5_1"),
 ]
+# Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
+# to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
+# an activation that sits within ~1e-6 of a .5 boundary to the neighbouring code, a ~1e-3 jump of that matmul's
+# output which the later layers carry to the logits. Over a forward pass that happens with probability ~0.5, so
+# whole-model logits can only be compared loosely (TINY_QUANT_ACT_RTOL); the matmul probes are compared exactly.
+TINY_QUANT_ACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TINY_QUANT_ACT_RTOL = 5e-2
+TINY_PROBE_WEIGHTS = ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output.weight")  # K = 256, 512, 256
+TINY_PROBE_ROWS = (0, 8, 16, 23)  # token rows kept (each row of a matmul is independent of the others)
+TINY_PROBE_RTOL = 1e-5  # observed ~1e-7 to 5e-7 (summation order only)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -95,6 +112,73 @@ def _disable_extra_buffer_types() -> None:
 
     params._golden_patched = True
     lc.llama_model_default_params = params
+
+
+class _GgmlTensor(ctypes.Structure):
+    """struct ggml_tensor (ggml/include/ggml.h of the vendored llama.cpp: GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64,
+    GGML_MAX_SRC 10, GGML_MAX_NAME 64)."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64),
+                ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8)]
+
+
+def _tensor_f32(t: _GgmlTensor) -> np.ndarray:
+    """A host F32 tensor's values as a (ne3, ne2, ne1, ne0) array (strided views are followed)."""
+    assert t.type == GGML_TYPE_F32 and t.data
+    ne, nb = list(t.ne), list(t.nb)
+    size = sum((ne[i] - 1) * nb[i] for i in range(4)) + 4
+    buf = np.frombuffer((ctypes.c_char * size).from_address(t.data), dtype=np.uint8)
+    return np.lib.stride_tricks.as_strided(buf.view(np.float32) if size % 4 == 0 else buf, shape=ne[::-1],
+                                           strides=nb[::-1]).copy()
+
+
+class _MatmulProbe:
+    """llama.cpp eval callback (llama_context_params.cb_eval) recording, for every matmul whose weight (src0) is
+    named in `weights`, its F32 input src1 and output dst as (rows, K) / (rows, N) arrays."""
+
+    def __init__(self, weights):
+        import llama_cpp.llama_cpp as lc
+
+        self.weights = set(weights)
+        self.out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.callback = lc.ggml_backend_sched_eval_callback(self._cb)  # keep a reference while the context lives
+
+    def _weight(self, t: _GgmlTensor) -> str | None:
+        if not t.src[0] or not t.src[1]:
+            return None
+        name = ctypes.cast(t.src[0], ctypes.POINTER(_GgmlTensor)).contents.name.decode()
+        return name if name in self.weights else None
+
+    def _cb(self, tp, ask, _ud):
+        t = ctypes.cast(tp, ctypes.POINTER(_GgmlTensor)).contents
+        name = self._weight(t)
+        if ask or name is None:
+            return bool(name)  # compute up to the probed node, then call back with ask = False
+        x = _tensor_f32(ctypes.cast(t.src[1], ctypes.POINTER(_GgmlTensor)).contents)
+        y = _tensor_f32(t)
+        assert name not in self.out, f"{name}: used by two matmuls"
+        self.out[name] = (x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
+        return True
+
+
+def _with_eval_callback(probe: _MatmulProbe | None) -> None:
+    """Make the next llama_cpp.Llama contexts call probe's callback (None: no callback)."""
+    import llama_cpp.llama_cpp as lc
+
+    orig = getattr(lc.llama_context_default_params, "_golden_orig", lc.llama_context_default_params)
+
+    def params():
+        p = orig()
+        if probe is not None:
+            p.cb_eval = probe.callback
+            p.cb_eval_user_data = None
+        return p
+
+    params._golden_orig = orig
+    lc.llama_context_default_params = params
 
 
 class Runner:
@@ -310,9 +394,35 @@ def make_perplexity(model: Path) -> None:
 # c. tiny random models
 # ------------------------------------------------------------------------------------------------------------------
 
-def make_tiny() -> None:
+def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Input/output rows TINY_PROBE_ROWS of the TINY_PROBE_WEIGHTS matmuls, from a second decode of `tokens` with
+    the eval callback (its logits must equal `logits` bit for bit: observing the graph changes nothing)."""
+    probe = _MatmulProbe(TINY_PROBE_WEIGHTS)
+    _with_eval_callback(probe)
+    try:
+        r = Runner(path, n_ctx=64, n_batch=64)
+        r.clear()
+        again = r.decode(tokens, 0, [True] * len(tokens))
+        r.close()
+    finally:
+        _with_eval_callback(None)
+    assert np.array_equal(again, logits), "llama.cpp gave other logits with the eval callback"
+    rows = list(TINY_PROBE_ROWS)
+    out = {}
+    for name in TINY_PROBE_WEIGHTS:
+        if name in probe.out:
+            x, y = probe.out[name]
+            assert x.shape[0] == y.shape[0] == len(tokens), (name, x.shape, y.shape)
+            out[name] = (x[rows], y[rows])
+    assert "output.weight" not in probe.out or np.array_equal(probe.out["output.weight"][1], logits)
+    return out
+
+
+def make_tiny(stems: set[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for stem, arch, qtype in TINY_CONFIGS:
+            if stems is not None and stem not in stems:
+                continue
             spec = tiny_spec(arch, seed=0, qtype=qtype)
             path = write_spec(Path(tmp) / f"{stem}.gguf", spec)
             r = Runner(path, n_ctx=64, n_batch=64)
@@ -322,16 +432,36 @@ def make_tiny() -> None:
             logits = r.decode(tokens, 0, [True] * len(tokens))  # (n_tokens, n_vocab)
             r.close()
             assert np.isfinite(logits).all()
-            np.savez_compressed(HERE / f"{stem}.npz", logits=logits.astype(np.float32), tokens=np.array(tokens))
+            arrays = {"logits": logits.astype(np.float32), "tokens": np.array(tokens)}
+            extra = {}
+            if qtype in TINY_QUANT_ACT:
+                probes = _tiny_probes(path, tokens, logits)
+                extra = {
+                    "logits_rtol": TINY_QUANT_ACT_RTOL,
+                    "logits_rtol_note": (
+                        "activations are quantized to 8 bits before every matmul; a rounding tie broken the other "
+                        "way by a last-bit difference upstream moves one code by 1 and the logits by ~1e-2 "
+                        "relative, so the whole-model comparison is loose and matmul_probes are compared tightly"),
+                    "matmul_probes": [
+                        {"weight": name, "x": f"probe{i}_x", "y": f"probe{i}_y", "rows": list(TINY_PROBE_ROWS),
+                         "rtol": TINY_PROBE_RTOL} for i, name in enumerate(probes)],
+                }
+                for i, (x, y) in enumerate(probes.values()):
+                    arrays[f"probe{i}_x"], arrays[f"probe{i}_y"] = x.astype(np.float32), y.astype(np.float32)
+            np.savez_compressed(HERE / f"{stem}.npz", **arrays)
             doc = {
                 "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights).",
                 "procedure": ("write_tiny_model(path, **writer) from tests/tiny_models.py (must reproduce the sha256 "
                               "below); decode `tokens` in one batch at positions 0..n-1 with logits for every row; "
-                              f"logits are in {stem}.npz['logits'] with shape (n_tokens, n_vocab)."),
+                              f"logits are in {stem}.npz['logits'] with shape (n_tokens, n_vocab)."
+                              + (" matmul_probes: rows `rows` of the input (npz[x]) and output (npz[y]) of the "
+                                 "matmul with that weight, as llama.cpp computed them in the same decode."
+                                 if extra else "")),
                 "writer": spec_to_dict(spec), "model_file": file_info(path), "tokens": tokens, "n_tokens": len(tokens),
                 "logits_file": f"{stem}.npz", "logits_shape": list(logits.shape),
                 "argmax": [int(i) for i in logits.argmax(-1)], "logits_std": float(logits.std()),
                 "tokenizer_text": TINY_TEXT, "tokenizer_text_ids": text_ids,
+                **extra,
                 "llama_cpp": dict(settings=r.settings(), **llama_cpp_info())}
             dump(HERE / f"{stem}.json", doc)
 
@@ -340,11 +470,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--only", default="greedy,perplexity,tiny")
+    ap.add_argument("--tiny-cases", default="", help="comma-separated file stems of TINY_CONFIGS (default: all)")
     args = ap.parse_args()
     todo = set(args.only.split(","))
     model = Path(args.model)
     if "tiny" in todo:
-        make_tiny()
+        make_tiny(set(args.tiny_cases.split(",")) if args.tiny_cases else None)
     if "greedy" in todo:
         make_greedy(model)
     if "perplexity" in todo:
