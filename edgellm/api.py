@@ -55,7 +55,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, threads: int | None = None, ctx_size: int | None = None,
                  kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,
-                 load_tokenizer: bool = True):
+                 load_tokenizer: bool = True, kv_dtype: str = "f32"):
         if progress is None:
             progress = sys.stderr.isatty()
         from kernels_cpu import set_threads
@@ -75,7 +75,7 @@ class LLM:
         if load_tokenizer:  # before the weights page in, so its build buffers never add to the peak
             self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
         self.engine = Engine(self.loaded, self.model, lambda: self.tokenizer, ctx_size=self.ctx_size,
-                             kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
+                             kv_cache_tokens=kv_cache_tokens, max_batch=max_batch, kv_dtype=kv_dtype)
         _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)

@@ -9,9 +9,32 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 from kernels_cpu._jit import fast_jit
 from kernels_cpu.parallel import parallel_for
+
+
+@intrinsic
+def _bitcast_f32(typingctx, bits):
+    """uint32 bits -> float32 (LLVM bitcast; vectorizes)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+def kv_value(x):
+    """A cached K/V element as float32: float32 as is, bf16 (stored as uint16 bits) widened."""
+    raise NotImplementedError  # only used inside jitted code
+
+
+@overload(kv_value)
+def _kv_value(x):
+    if isinstance(x, types.Integer):  # bf16 bits
+        return lambda x: _bitcast_f32(np.uint32(x) << np.uint32(16))
+    return lambda x: x
 
 
 @fast_jit  # fastmath: vectorized dot products; the order is still fixed per (row, head), so rows stay batch-invariant
@@ -38,7 +61,7 @@ def _paged_attention(out, q, kcache, vcache, positions, row_seq, block_tables, w
             off = p % BS
             acc = np.float32(0.0)
             for d in range(hd):
-                acc += q[t, h, d] * kcache[blk, off, kh, d]
+                acc += q[t, h, d] * kv_value(kcache[blk, off, kh, d])
             x = acc * scale
             if softcap > 0:
                 x = softcap * math.tanh(x / softcap)
@@ -57,7 +80,7 @@ def _paged_attention(out, q, kcache, vcache, positions, row_seq, block_tables, w
             off = p % BS
             w = s[p - lo]
             for d in range(vd):
-                o[d] += w * vcache[blk, off, kh, d]
+                o[d] += w * kv_value(vcache[blk, off, kh, d])
         inv = np.float32(1.0) / total
         for d in range(vd):
             o[d] *= inv

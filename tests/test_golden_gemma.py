@@ -72,3 +72,16 @@ def test_perplexity_matches_llamacpp(gemma_llm):
     assert rel <= 0.01
     assert mad <= 0.05
     assert math.isclose(res.ppl, math.exp(np.mean(res.nll)), rel_tol=1e-9)
+
+
+def test_bf16_kv_perplexity_within_half_percent(gemma_llm):
+    from edgellm import LLM
+    from edgellm.perplexity import perplexity
+
+    text = (GOLDEN / PPL["text_file"]).read_text()
+    compact = LLM(kv_dtype="bf16", progress=False)
+    assert compact.engine.kv.nbytes * 2 == gemma_llm.engine.kv.nbytes * compact.ctx_size // gemma_llm.ctx_size
+    p32 = perplexity(gemma_llm, text, n_ctx=PPL["n_ctx"]).ppl
+    p16 = perplexity(compact, text, n_ctx=PPL["n_ctx"]).ppl
+    print(f"ppl f32 KV {p32:.4f}, bf16 KV {p16:.4f} ({(p16 - p32) / p32:+.3%})")
+    assert abs(p16 - p32) / p32 <= 0.005

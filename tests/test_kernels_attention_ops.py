@@ -13,8 +13,8 @@ def _paged(k, v, bs, rng):
     P = k.shape[0]
     nblk = -(-P // bs)
     ids = rng.permutation(nblk + 3)[:nblk]
-    kc = np.zeros((nblk + 3, bs) + k.shape[1:], np.float32)
-    vc = np.zeros((nblk + 3, bs) + v.shape[1:], np.float32)
+    kc = np.zeros((nblk + 3, bs) + k.shape[1:], k.dtype)
+    vc = np.zeros((nblk + 3, bs) + v.shape[1:], v.dtype)
     for p in range(P):
         kc[ids[p // bs], p % bs] = k[p]
         vc[ids[p // bs], p % bs] = v[p]
@@ -94,3 +94,19 @@ def test_geglu_uses_f16_table_and_swiglu():
     want = np.where(g[1] <= -10, 0, np.where(g[1] >= 10, g[1], GELU_F16[idx])) * u[1]
     np.testing.assert_array_equal(geglu(g, u)[1], want.astype(np.float32))
     np.testing.assert_allclose(swiglu(g, u), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_kv_cache_attention():
+    from edgellm.engine.kv_cache import to_bf16_bits
+
+    rng = np.random.default_rng(4)
+    k = rng.normal(size=(20, 2, 32)).astype(np.float32)
+    v = rng.normal(size=(20, 2, 32)).astype(np.float32)
+    kb, vb = to_bf16_bits(k), to_bf16_bits(v)
+    widen = lambda b: (b.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    np.testing.assert_allclose(widen(kb), k, rtol=2 ** -8)
+    q = rng.normal(size=(3, 4, 32)).astype(np.float32)
+    kc, vc, bt = _paged(kb, vb, 16, rng)
+    got = paged_attention(q, kc, vc, np.array([17, 18, 19]), np.zeros(3, np.int64), bt, scale=0.2)
+    want = attention_reference(q, widen(kb), widen(vb), np.array([17, 18, 19]), scale=0.2)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

@@ -22,14 +22,14 @@ class Engine:
     """Continuous-batching engine over one loaded model. Not thread-safe by itself: one thread steps it."""
 
     def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
-                 max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE):
+                 max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE, kv_dtype: str = "f32"):
         self.loaded, self.model = loaded, model
         self._tokenizer = tokenizer  # a Tokenizer, or a zero-argument function building it on first use
         self.ctx_size = ctx_size
         kv_tokens = kv_cache_tokens or ctx_size
         n_blocks = -(-kv_tokens // block_size)
         self.block_size = block_size
-        self.kv = PagedKVCache(loaded.config, n_blocks, block_size)
+        self.kv = PagedKVCache(loaded.config, n_blocks, block_size, kv_dtype=kv_dtype)
         self.pool = BlockPool(n_blocks)
         self.prefix = PrefixTree(self.pool, block_size)
         self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget,

@@ -6,10 +6,27 @@ import numpy as np
 from edgellm.loader import ModelConfig
 
 
-class PagedKVCache:
-    """Block-paged K/V storage shared by all sequences; which block belongs to whom is the BlockPool's job."""
+KV_DTYPES = {"f32": np.float32, "bf16": np.uint16}  # bf16 kept as its uint16 bit pattern
 
-    def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, dtype=np.float32):
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even (NaN stays NaN)."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), r).astype(np.uint16)
+
+
+class PagedKVCache:
+    """Block-paged K/V storage shared by all sequences; which block belongs to whom is the BlockPool's job.
+
+    kv_dtype "f32" (default) or "bf16" (half the memory; the attention kernel widens it on the fly)."""
+
+    def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, kv_dtype: str = "f32"):
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}")
+        dtype = KV_DTYPES[kv_dtype]
+        self.kv_dtype = kv_dtype
         self.n_blocks, self.block_size = n_blocks, block_size
         shape_k = (n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
         shape_v = (n_blocks, block_size, cfg.n_kv_heads, cfg.v_head_dim)
@@ -28,6 +45,8 @@ class PagedKVCache:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""
         kf = self.k[i].reshape(-1, *self.k[i].shape[2:])
         vf = self.v[i].reshape(-1, *self.v[i].shape[2:])
+        if self.kv_dtype == "bf16":
+            k, v = to_bf16_bits(k), to_bf16_bits(v)
         kf[slots] = k
         vf[slots] = v
 
