@@ -32,6 +32,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None = off; k >= 0: record each token's logprob and the top k alternatives
+    # constrained decoding (at most one; see edgellm/structured.py): a JSON schema (dict / JSON string; True = any
+    # JSON object), a regex the whole output matches, a list of allowed outputs, or a Lark / GBNF grammar
+    json_schema: dict | str | bool | None = None
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
+    compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -51,6 +58,11 @@ class SamplingParams:
         for ok, msg in checks:
             if not ok:
                 raise InvalidRequestError(msg)
+        if any(v is not None for v in (self.json_schema, self.regex, self.choices, self.grammar)):
+            from edgellm.structured import compile_grammar  # llguidance only when asked for
+
+            self.compiled_grammar = compile_grammar(json_schema=self.json_schema, regex=self.regex,
+                                                    choices=self.choices, grammar=self.grammar)
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,7 @@ from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
 from edgellm.errors import ContextOverflowError
 from edgellm.sampling import SamplingParams, token_logprobs
+from edgellm.structured import MaskWorker
 
 BLOCK_SIZE = 16
 
@@ -36,6 +37,7 @@ class Engine:
                                    prefix_cache=self.prefix)
         self.runner = ModelRunner(model, self.kv)
         self.requests: dict[int, Request] = {}
+        self.masks = MaskWorker()
         self.lock = threading.Lock()
 
     @property
@@ -59,6 +61,10 @@ class Engine:
                                        f"({self.pool.n_blocks * self.block_size} tokens)")
         req = Request(prompt_ids, params, self.tokenizer, max_len=min(self.ctx_size, self.pool.n_blocks * self.block_size),
                       priority=priority)
+        if params.compiled_grammar is not None:  # constrained decoding: one grammar matcher per request
+            from edgellm.structured import GrammarMatcher, ll_tokenizer
+
+            req.matcher = GrammarMatcher(ll_tokenizer(self.tokenizer), params.compiled_grammar)
         if params.max_tokens == 0:
             req._finish("length")
         if not defer:
@@ -81,14 +87,21 @@ class Engine:
         items = self.scheduler.schedule()
         if not items:
             return self._reap()
+        # grammar masks for this step are computed on a worker thread while the forward runs (both drop the GIL)
+        masks = self.masks.start([it.request.matcher for it in items if it.request.matcher is not None
+                                  and it.request.n_computed + it.n_new == it.request.n_tokens])
         logits = self.runner.run(items)
+        self.masks.wait(masks)
         touched = []
         for it in items:
             r = it.request
             if r.id in logits and not r.finished:
-                tok = r.sampler(logits[r.id], history_array(r))
+                m = r.matcher
+                tok = r.sampler(logits[r.id] if m is None else m.apply(logits[r.id]), history_array(r))
                 k = r.params.logprobs
                 r.append_token(tok, None if k is None else token_logprobs(logits[r.id], tok, k))
+                if m is not None:
+                    m.after_token(r, tok)
                 touched.append(r)
         return touched + self._reap()
 

@@ -1,0 +1,193 @@
+"""Constrained decoding with llguidance: grammar compilation, the GGUF tokenizer as an llguidance tokenizer, and a
+per-request matcher that masks disallowed tokens (NumPy bit masks, no torch).
+
+Flow: SamplingParams(json_schema= / regex= / choices= / grammar=) compiles and validates the grammar at once
+(`compile_grammar`, raising InvalidRequestError); the engine builds one `GrammarMatcher` per request, fills its
+token mask (`fill_mask`, usually on a worker thread while the batch's forward runs), applies it to the logits
+(`apply`) and advances it with the sampled token (`advance`). When the grammar is complete and admits nothing
+but end-of-sequence, the request finishes with reason "stop".
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from edgellm.errors import InvalidRequestError
+
+JSON_OBJECT_SCHEMA = {"type": "object"}  # response_format {"type": "json_object"}: any JSON object
+# compact JSON by default (bounded length, fewer tokens); a schema's "x-guidance" key overrides these
+JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _llg():
+    try:
+        import llguidance
+        import llguidance.numpy  # noqa: F401  (registers the submodule)
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise InvalidRequestError("structured output needs llguidance: pip install 'edgellm[structured]'") from e
+    return llguidance
+
+
+def compile_grammar(*, json_schema: Any = None, regex: str | None = None, choices: list[str] | None = None,
+                    grammar: str | None = None) -> str | None:
+    """The llguidance grammar (a string) for at most one constraint, validated; None if no constraint.
+
+    json_schema: a dict or a JSON string; regex: Rust regex syntax (the whole output must match);
+    choices: list of strings (the output is exactly one of them); grammar: Lark syntax (llguidance dialect) or
+    llama.cpp GBNF (recognised by `::=`). Raises InvalidRequestError with the compiler's message if invalid.
+    """
+    given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("choices", choices),
+                               ("grammar", grammar)) if v is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidRequestError(f"give at most one of json_schema, regex, choices, grammar (got {sorted(given)})")
+    (kind, spec), = given.items()
+    llg = _llg()
+    try:
+        if kind == "json_schema":
+            if isinstance(spec, str):
+                spec = json.loads(spec)
+            if isinstance(spec, bool) and spec:
+                spec = JSON_OBJECT_SCHEMA
+            if not isinstance(spec, dict):
+                raise InvalidRequestError("json_schema must be a JSON object (dict or JSON string)")
+            g = llg.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_DEFAULTS)
+        elif kind == "regex":
+            if not isinstance(spec, str):
+                raise InvalidRequestError("regex must be a string")
+            g = llg.LLMatcher.grammar_from_regex(spec)
+        elif kind == "choices":
+            if (not isinstance(spec, (list, tuple)) or not spec
+                    or not all(isinstance(c, str) and c for c in spec)):
+                raise InvalidRequestError("choices must be a non-empty list of non-empty strings")
+            g = llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec))
+        else:
+            if not isinstance(spec, str) or not spec.strip():
+                raise InvalidRequestError("grammar must be a non-empty string (Lark or GBNF)")
+            g = llg.grammar_from("gbnf" if "::=" in spec else "lark", spec)
+    except InvalidRequestError:
+        raise
+    except (ValueError, TypeError) as e:  # bad JSON text, GBNF that does not convert
+        raise InvalidRequestError(f"invalid {kind}: {e}") from None
+    err = llg.LLMatcher.validate_grammar(g)
+    if err:
+        raise InvalidRequestError(f"invalid {kind}: {err.strip()}")
+    return g
+
+
+class _TokenizerView:
+    """What llguidance.TokenizerWrapper reads: token bytes (control tokens as b"\\xff<name>", as llguidance's
+    llama.cpp adapter does, so grammars never produce them by accident), EOS/BOS and an encode function."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        n = tok.vocab_size
+        self.eos_token_id = tok.eos_id
+        self.bos_token_id = tok.bos_id
+        self.special_token_ids = [i for i in range(n) if tok.is_special(i)]
+        special = set(self.special_token_ids)
+        self.tokens = [b"\xff" + tok.tokens[i].encode("utf-8", "surrogateescape") if i in special
+                       else tok.token_to_piece(i) for i in range(n)]
+
+    def __call__(self, text) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return self._tok.encode(text, add_bos=False, add_eos=False, special=False)
+
+
+_ll_lock = threading.Lock()
+
+
+def ll_tokenizer(tok, n_vocab: int | None = None):
+    """The llguidance tokenizer for an edgellm Tokenizer, built once (~2 s for a 262k vocab) and cached on it."""
+    with _ll_lock:
+        cached = getattr(tok, "_ll_tokenizer", None)
+        if cached is None:
+            llg = _llg()
+            eos = sorted(tok.stop_ids) or ([tok.eos_id] if tok.eos_id is not None else None)
+            cached = llg.LLTokenizer(llg.TokenizerWrapper(_TokenizerView(tok)), n_vocab=n_vocab or tok.vocab_size,
+                                     eos_token=eos)
+            tok._ll_tokenizer = cached
+        return cached
+
+
+class GrammarMatcher:
+    """One request's grammar state: the next-token mask and the tokens consumed so far."""
+
+    def __init__(self, ll_tok, grammar: str):
+        llg = _llg()
+        self.m = llg.LLMatcher(ll_tok, grammar, log_level=0)
+        if self.m.is_error():
+            raise InvalidRequestError(f"invalid grammar: {self.m.get_error()}")
+        self.n_vocab = ll_tok.vocab_size
+        self.mask = np.full((-(-self.n_vocab // 32),), -1, dtype=np.int32)  # (ceil(V/32),) 1 bit per token
+        self.mask_ready = False
+
+    def fill_mask(self) -> None:
+        """Compute the allowed-token mask for the current state (drops the GIL: run it beside the forward)."""
+        self.m.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        self.mask_ready = True
+
+    def allowed(self) -> np.ndarray:
+        """(V,) bool: tokens the grammar allows next."""
+        if not self.mask_ready:
+            self.fill_mask()
+        return np.unpackbits(self.mask.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of (V',) logits with disallowed tokens at -inf (ids past the grammar's vocab are disallowed)."""
+        ok = self.allowed()
+        out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
+        n = min(len(ok), len(logits))
+        out[:n] = np.where(ok[:n], logits[:n], -np.inf)
+        return out
+
+    def advance(self, token: int) -> bool:
+        """Consume a sampled token; False if the grammar rejected it (the matcher is then in an error state)."""
+        self.mask_ready = False
+        return self.m.consume_token(int(token))
+
+    def after_token(self, req, token: int) -> None:
+        """Advance with the token the request just appended; finish it ("stop") once the grammar is complete."""
+        if req.finished:  # an end-of-sequence token, max_tokens or a stop string ended it already
+            return
+        if not self.advance(token) or self.done:
+            req._finish("stop")
+
+    @property
+    def done(self) -> bool:
+        """The output is complete: the grammar admits nothing more but end-of-sequence (or failed)."""
+        return self.m.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        return self.m.is_accepting()
+
+    @property
+    def error(self) -> str:
+        return self.m.get_error()
+
+
+class MaskWorker:
+    """One background thread that fills the grammar masks of a step while the batch's forward runs."""
+
+    def __init__(self):
+        self._pool = None
+
+    def start(self, matchers: list[GrammarMatcher]):
+        if not matchers:
+            return None
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgellm-mask")
+        return self._pool.submit(lambda: [m.fill_mask() for m in matchers])
+
+    @staticmethod
+    def wait(future) -> None:
+        if future is not None:
+            future.result()
