@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from edgellm.errors import UnsupportedQuantTypeError
+from quant.kquants import KQUANTS as _KQUANTS
 from quant.types import FORMATS, QK_K, QuantType
 
 __all__ = [
@@ -104,7 +105,8 @@ def quantize(x: np.ndarray, qtype: QuantType | int) -> np.ndarray:
 
     x: float array (..., K) (converted to float32 first), K a multiple of the block size.
     Returns uint8 (..., K // block_size * type_size).
-    Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (UnsupportedQuantTypeError otherwise).
+    Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and Q2_K..Q6_K (bit-exact with llama.cpp's
+    `quantize_row_qN_K_ref`, quant/kquants.py); UnsupportedQuantTypeError otherwise.
     """
     qtype = _as_qtype(qtype)
     fn = _QUANT.get(qtype)
@@ -430,6 +432,8 @@ _QUANT: dict[QuantType, Callable[[np.ndarray], np.ndarray]] = {
     QuantType.Q5_1: _q_q5_1,
     QuantType.Q8_0: _q_q8_0,
 }
+# k-quants (llama.cpp's quantize_row_qN_K_ref, bit-exact): quant/kquants.py
+_QUANT.update({QuantType(t): fn for t, fn in _KQUANTS.items()})
 
 
 # ----------------------------------------------------------------------------------------------------------------
