@@ -128,10 +128,16 @@ def make_params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, se
 @sampling_options
 @threads_option
 @ctx_option
+@click.option("--json-schema", "json_schema", type=click.File("r"), default=None,
+              help="Constrain the output to JSON valid under this JSON schema file.")
 @friendly_errors
-def generate(model, prompt, threads, ctx_size, **sp):
+def generate(model, prompt, threads, ctx_size, json_schema, **sp):
     """Complete a prompt; prints only the completion, streamed as it is produced."""
     params = make_params(**sp)
+    if json_schema is not None:
+        import dataclasses
+
+        params = dataclasses.replace(params, json_schema=json_schema.read())  # invalid: a named error, exit 2
     llm = _llm(model, threads, ctx_size)
     out = sys.stdout
     for piece in llm.stream(prompt, params):

@@ -98,3 +98,47 @@ def test_invalid_constraint_is_a_named_error_at_once(kw):
     with pytest.raises(InvalidRequestError):
         SamplingParams(**kw)
     assert time.perf_counter() - t0 < 1.0
+
+
+# -- server and CLI ------------------------------------------------------------------------------------------------
+def test_server_response_format_grammar_and_400(gemma_llm):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from test_server import ServerThread
+
+    from edgellm.server.app import create_app
+
+    srv = ServerThread(create_app(gemma_llm))
+    try:
+        url = srv.url + "/v1/chat/completions"
+        msgs = [{"role": "user", "content": "Give the weather as JSON."}]
+        schema = SCHEMAS[2][1]
+        r = httpx.post(url, timeout=120, json={"messages": msgs, "max_tokens": 60, "seed": 1, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}})
+        assert r.status_code == 200, r.text
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
+        r = httpx.post(url, timeout=120, json={"messages": msgs, "max_tokens": 40, "seed": 2,
+                                                "response_format": {"type": "json_object"}})
+        assert r.status_code == 200 and isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
+        r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+            "prompt": "Answer:", "max_tokens": 10, "grammar": 'root ::= " " ("yes" | "no")'})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] in (" yes", " no")
+        for body in ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}},
+                     {"response_format": {"type": "json_schema"}}, {"grammar": "root ::= undefined"},
+                     {"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}):
+            r = httpx.post(url, timeout=30, json={"messages": msgs, "max_tokens": 5, **body})
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["param"] in ("response_format", "grammar")
+    finally:
+        srv.stop()
+
+
+def test_cli_generate_json_schema(tmp_path):
+    from click.testing import CliRunner
+
+    from edgellm.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "frobnicate"}')
+    res = CliRunner().invoke(main, ["generate", "-p", "x", "--json-schema", str(bad)])
+    assert res.exit_code == 2 and "json_schema" in res.output

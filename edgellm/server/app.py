@@ -364,8 +364,6 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
         _check_common(s, body)
         if body.tools:
             raise P.APIError(400, "tools are not supported by this server", param="tools")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise P.APIError(400, "only response_format type 'text' is supported", param="response_format")
         if body.top_logprobs is not None and not body.logprobs:
             raise P.APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
         k = (body.top_logprobs or 0) if body.logprobs else None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgellm.errors import InvalidRequestError
 from edgellm.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request (each is one engine request)
@@ -63,6 +64,8 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = None
+    grammar: str | None = Field(None, description="llama.cpp-style constraint: a GBNF or Lark grammar.")
+    json_schema: dict[str, Any] | None = Field(None, description="llama.cpp-style constraint: a JSON schema.")
 
 
 # -- chat ---------------------------------------------------------------------------------------------------------
@@ -225,6 +228,36 @@ def max_new_tokens(req: _Sampling) -> int | None:
     return mct if mct is not None else req.max_tokens
 
 
+def constraint(req: _Sampling) -> tuple[dict, str | None]:
+    """SamplingParams constraint keywords from response_format ({"type": "json_schema", "json_schema": {"schema":
+    ...}} or {"type": "json_object"}) or llama.cpp's `grammar` / `json_schema` fields, and the field they came from."""
+    found: list[tuple[dict, str]] = []
+    rf = getattr(req, "response_format", None)
+    if rf is not None:
+        kind = rf.get("type", "text")
+        if kind == "json_object":
+            schema = rf.get("schema")  # llama.cpp also takes a schema here
+            found.append(({"json_schema": schema if isinstance(schema, dict) else True}, "response_format"))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format json_schema needs {'json_schema': {'schema': {...}}}",
+                               param="response_format")
+            found.append(({"json_schema": schema}, "response_format"))
+        elif kind != "text":
+            raise APIError(400, f"unsupported response_format type {kind!r} (text, json_object, json_schema)",
+                           param="response_format")
+    if req.grammar is not None:
+        found.append(({"grammar": req.grammar}, "grammar"))
+    if req.json_schema is not None:
+        found.append(({"json_schema": req.json_schema}, "json_schema"))
+    if len(found) > 1:
+        raise APIError(400, "give only one of response_format (JSON), grammar, json_schema",
+                       param=found[1][1])
+    return found[0] if found else ({}, None)
+
+
 def sampling_params(req: _Sampling, *, max_tokens: int, n_vocab: int, logprobs: int | None,
                     choice: int = 0) -> SamplingParams:
     """SamplingParams for one choice of a request. OpenAI defaults (temperature 1, top_p 1, no top-k / min-p)
@@ -243,17 +276,21 @@ def sampling_params(req: _Sampling, *, max_tokens: int, n_vocab: int, logprobs: 
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise APIError(400, "stop strings must be non-empty", param="stop")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
-        top_k=max(req.top_k or 0, 0),
-        top_p=1.0 if req.top_p is None else max(req.top_p, 1e-9),  # top_p 0 keeps only the top token
-        min_p=req.min_p or 0.0,
-        repeat_penalty=req.repetition_penalty or 1.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        seed=seed, stop=stop, ignore_eos=req.ignore_eos, logit_bias=bias, logprobs=logprobs,
-    )
+    kw, param = constraint(req)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
+            top_k=max(req.top_k or 0, 0),
+            top_p=1.0 if req.top_p is None else max(req.top_p, 1e-9),  # top_p 0 keeps only the top token
+            min_p=req.min_p or 0.0,
+            repeat_penalty=req.repetition_penalty or 1.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            seed=seed, stop=stop, ignore_eos=req.ignore_eos, logit_bias=bias, logprobs=logprobs, **kw,
+        )
+    except InvalidRequestError as e:  # an invalid schema / grammar: 400 naming the field
+        raise APIError(400, str(e), param=param) from None
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict]:
