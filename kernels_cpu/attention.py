@@ -18,6 +18,14 @@ from kernels_cpu.parallel import parallel_for
 
 
 @intrinsic
+def _f16_bits_to_f32(typingctx, bits):
+    """int16 holding IEEE half bits -> float32 (LLVM fpext; F16C vcvtph2ps on x86)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.int16), codegen
+
+
+@intrinsic
 def _bitcast_f32(typingctx, bits):
     """uint32 bits -> float32 (LLVM bitcast; vectorizes)."""
     def codegen(context, builder, signature, args):
@@ -26,13 +34,15 @@ def _bitcast_f32(typingctx, bits):
 
 
 def kv_value(x):
-    """A cached K/V element as float32: float32 as is, bf16 (stored as uint16 bits) widened."""
+    """A cached K/V element as float32: float32 as is; f16 (int16 bits) and bf16 (uint16 bits) widened."""
     raise NotImplementedError  # only used inside jitted code
 
 
 @overload(kv_value)
 def _kv_value(x):
-    if isinstance(x, types.Integer):  # bf16 bits
+    if x == types.int16:  # f16 bits
+        return lambda x: _f16_bits_to_f32(x)
+    if x == types.uint16:  # bf16 bits
         return lambda x: _bitcast_f32(np.uint32(x) << np.uint32(16))
     return lambda x: x
 

@@ -18,7 +18,7 @@ def _rmsnorm(out, x, w, eps):
     for t in range(T):
         ss = 0.0  # float64 accumulator, as ggml_float
         for d in range(D):
-            ss += np.float64(x[t, d]) * np.float64(x[t, d])
+            ss += np.float64(x[t, d] * x[t, d])  # float32 square, double sum: ggml_compute_forward_rms_norm_f32
         scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
         for d in range(D):
             out[t, d] = x[t, d] * scale * w[d]

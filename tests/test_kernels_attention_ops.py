@@ -110,3 +110,18 @@ def test_bf16_kv_cache_attention():
     got = paged_attention(q, kc, vc, np.array([17, 18, 19]), np.zeros(3, np.int64), bt, scale=0.2)
     want = attention_reference(q, widen(kb), widen(vb), np.array([17, 18, 19]), scale=0.2)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_f16_kv_cache_attention():
+    from edgellm.engine.kv_cache import to_f16_bits
+
+    rng = np.random.default_rng(5)
+    k = rng.normal(size=(20, 2, 32)).astype(np.float32)
+    v = rng.normal(size=(20, 2, 32)).astype(np.float32)
+    kb, vb = to_f16_bits(k), to_f16_bits(v)
+    widen = lambda b: b.view(np.float16).astype(np.float32)  # noqa: E731
+    q = rng.normal(size=(3, 4, 32)).astype(np.float32)
+    kc, vc, bt = _paged(kb, vb, 16, rng)
+    got = paged_attention(q, kc, vc, np.array([17, 18, 19]), np.zeros(3, np.int64), bt, scale=0.2)
+    want = attention_reference(q, widen(kb), widen(vb), np.array([17, 18, 19]), scale=0.2)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

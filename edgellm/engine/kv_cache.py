@@ -6,7 +6,8 @@ import numpy as np
 from edgellm.loader import ModelConfig
 
 
-KV_DTYPES = {"f32": np.float32, "bf16": np.uint16}  # bf16 kept as its uint16 bit pattern
+# compact types are kept as bit patterns: f16 in int16 (llama.cpp's default KV type), bf16 in uint16
+KV_DTYPES = {"f32": np.float32, "f16": np.int16, "bf16": np.uint16}
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -17,10 +18,18 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), r).astype(np.uint16)
 
 
+def to_f16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> IEEE half bit patterns (int16), round to nearest even."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.int16)
+
+
+ENCODE = {"f16": to_f16_bits, "bf16": to_bf16_bits}
+
+
 class PagedKVCache:
     """Block-paged K/V storage shared by all sequences; which block belongs to whom is the BlockPool's job.
 
-    kv_dtype "f32" (default) or "bf16" (half the memory; the attention kernel widens it on the fly)."""
+    kv_dtype "f32" (default), "f16" or "bf16" (half the memory; the attention kernel widens them on the fly)."""
 
     def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, kv_dtype: str = "f32"):
         if kv_dtype not in KV_DTYPES:
@@ -45,8 +54,8 @@ class PagedKVCache:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""
         kf = self.k[i].reshape(-1, *self.k[i].shape[2:])
         vf = self.v[i].reshape(-1, *self.v[i].shape[2:])
-        if self.kv_dtype == "bf16":
-            k, v = to_bf16_bits(k), to_bf16_bits(v)
+        if self.kv_dtype != "f32":
+            k, v = ENCODE[self.kv_dtype](k), ENCODE[self.kv_dtype](v)
         kf[slots] = k
         vf[slots] = v
 
