@@ -14,6 +14,12 @@ _LAZY = {
     "SamplingParams": ("edgellm.sampling", "SamplingParams"),
     "Engine": ("edgellm.engine.engine", "Engine"),
     "RequestOutput": ("edgellm.engine.request", "RequestOutput"),
+    "program": ("edgellm.program", "program"),
+    "gen": ("edgellm.program", "gen"),
+    "select": ("edgellm.program", "select"),
+    "system": ("edgellm.program", "system"),
+    "user": ("edgellm.program", "user"),
+    "assistant": ("edgellm.program", "assistant"),
 }
 
 __all__ = ["LLM", "SamplingParams", "Engine", "load_model", "RequestOutput", "EdgeLLMError", "GGUFError",

@@ -172,6 +172,45 @@ class GrammarMatcher:
         return self.m.get_error()
 
 
+class TokenSequence:
+    """A 'grammar' that forces exactly these token ids (then stops): with temperature 0 and logprobs=0 the engine
+    records the model's log-probability of each forced token, which scores a continuation (program `select`).
+    Set it as `params.compiled_grammar = TokenSequence(ids)` on a fresh SamplingParams."""
+
+    def __init__(self, ids: list[int]):
+        if not ids:
+            raise InvalidRequestError("a forced token sequence must not be empty")
+        self.ids = [int(t) for t in ids]
+
+
+class ForcedMatcher:
+    """GrammarMatcher's interface over a TokenSequence: the only allowed token is the next one in the list."""
+
+    def __init__(self, ids: list[int]):
+        self.ids, self.pos = ids, 0
+
+    def fill_mask(self) -> None:
+        pass
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
+        t = self.ids[self.pos]
+        out[t] = logits[t]
+        return out
+
+    def after_token(self, req, token: int) -> None:
+        self.pos += 1
+        if not req.finished and self.pos >= len(self.ids):
+            req._finish("stop")
+
+
+def make_matcher(compiled, tokenizer):
+    """The per-request matcher for SamplingParams.compiled_grammar (an llguidance grammar or a TokenSequence)."""
+    if isinstance(compiled, TokenSequence):
+        return ForcedMatcher(compiled.ids)
+    return GrammarMatcher(ll_tokenizer(tokenizer), compiled)
+
+
 class MaskWorker:
     """One background thread that fills the grammar masks of a step while the batch's forward runs."""
 

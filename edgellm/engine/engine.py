@@ -62,9 +62,9 @@ class Engine:
         req = Request(prompt_ids, params, self.tokenizer, max_len=min(self.ctx_size, self.pool.n_blocks * self.block_size),
                       priority=priority)
         if params.compiled_grammar is not None:  # constrained decoding: one grammar matcher per request
-            from edgellm.structured import GrammarMatcher, ll_tokenizer
+            from edgellm.structured import make_matcher
 
-            req.matcher = GrammarMatcher(ll_tokenizer(self.tokenizer), params.compiled_grammar)
+            req.matcher = make_matcher(params.compiled_grammar, self.tokenizer)
         if params.max_tokens == 0:
             req._finish("length")
         if not defer:

@@ -1,0 +1,111 @@
+"""Program frontend: select by model log-probability (checked with a direct forward), fork sharing the prefix
+tree, run_batch, regex gen, and the OpenAI-compatible backend against our own server."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm import assistant, gen, select, system, user  # noqa: F401
+
+pytest.importorskip("llguidance")
+
+
+def direct_logprob_sums(llm, ctx: list[int], conts: list[list[int]]) -> list[float]:
+    """Sum of log p(cont tokens | ctx) from one full forward per choice on a private KV cache."""
+    from edgellm.engine.kv_cache import PagedKVCache
+    from edgellm.models.common import ForwardBatch
+    from edgellm.sampling import logprobs
+
+    out = []
+    for cont in conts:
+        ids = ctx + cont
+        n_blocks = -(-len(ids) // 16)
+        kv = PagedKVCache(llm.config, n_blocks, 16)
+        batch = ForwardBatch.single(np.asarray(ids), 0, np.arange(n_blocks), all_logits=True)
+        logits = llm.model.forward(batch, kv)  # (len(ids), V)
+        out.append(sum(float(logprobs(logits[len(ctx) - 1 + j])[t]) for j, t in enumerate(cont)))
+    return out
+
+
+def test_select_picks_highest_model_logprob(gemma_llm):
+    @edgellm.program
+    def colour(s):
+        s += "The colour of the clear daytime sky is"
+        s += select("c", choices=[" blue", " green", " purple sky", " red"])
+
+    st = colour.run(backend=gemma_llm)
+    from edgellm.program import LLMBackend
+
+    ctx, conts, scores = LLMBackend(gemma_llm).score("The colour of the clear daytime sky is",
+                                                     [" blue", " green", " purple sky", " red"])
+    direct = direct_logprob_sums(gemma_llm, ctx, conts)
+    np.testing.assert_allclose(st.scores["c"], direct, atol=2e-3)
+    assert st["c"] == [" blue", " green", " purple sky", " red"][int(np.argmax(direct))]
+    assert st.text().endswith(st["c"])
+
+
+def test_fork_shares_prefix_blocks_and_regex_gen(gemma_llm):
+    shared = ("Here is a list of facts about the solar system, written for students. Each fact is short and "
+              "clear, and each one is numbered. The facts are about planets, moons and the sun.\n")
+
+    @edgellm.program
+    def facts(s):
+        s += shared
+        branches = s.fork(4)
+        for i, f in enumerate(branches):
+            f += f"Fact {i + 1}:" + gen("fact", max_tokens=8, stop="\n")
+        s.vars["facts"] = [f["fact"] for f in branches]
+        s += "Year: " + gen("year", max_tokens=6, regex=r"(19|20)\d\d")
+
+    assert len(gemma_llm.tokenize(shared)) >= 32
+    before = gemma_llm.stats()["prefix_hit_tokens"]
+    st = facts.run(backend=gemma_llm)
+    hits = gemma_llm.stats()["prefix_hit_tokens"] - before
+    n_full = len(gemma_llm.tokenize(shared, add_bos=True)) // 16 * 16
+    assert hits >= 4 * n_full, (hits, n_full)  # every branch reuses the shared text's full blocks
+    assert len(st["facts"]) == 4
+    assert re.fullmatch(r"(19|20)\d\d", st["year"])
+
+
+def test_run_batch_roles(gemma_llm):
+    @edgellm.program
+    def qa(s, q):
+        s += system("Answer with one word.")
+        s += user(q)
+        s += assistant(select("a", choices=["Paris", "London"]))
+
+    states = qa.run_batch([{"q": "Capital of France?"}, {"q": "Capital of the UK?"}], backend=gemma_llm)
+    assert [s["a"] for s in states] == ["Paris", "London"]
+    assert "<start_of_turn>" in states[0].text()
+
+
+def test_openai_backend_against_our_server(gemma_llm):
+    pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from test_server import ServerThread
+
+    from edgellm.program import OpenAIBackend
+    from edgellm.server.app import create_app
+
+    srv = ServerThread(create_app(gemma_llm))
+    try:
+        backend = OpenAIBackend(srv.url + "/v1")
+
+        @edgellm.program
+        def prog(s):
+            s += user("Pick a number.")
+            s += assistant(gen("n", max_tokens=5, regex=r"[0-9]{1,3}"))
+
+        @edgellm.program
+        def plain(s):
+            s += "The sky is"
+            s += select("c", choices=[" blue", " green"])
+
+        st = prog.run(backend=backend)
+        assert re.fullmatch(r"[0-9]{1,3}", st["n"])
+        assert plain.run(backend=backend)["c"] in (" blue", " green")
+    finally:
+        srv.stop()
