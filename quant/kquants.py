@@ -203,14 +203,14 @@ def _f16_bytes(v: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _qk_scales_mins(x: np.ndarray, nmax: int, rmin: float, nstep: int):
+def _qk_scales_mins(x: np.ndarray, nmax: int, rmin: float, nstep: int, search=None):
     """Q4_K / Q5_K first pass: per 32-element sub-block scale and min, 6-bit packed. Returns
     (scales12 (nb, 12), d16 (nb,), dmin16 (nb,), L (nb, 256)) with d/dmin already rounded to f16."""
     nb = x.shape[0]
     xs = x.reshape(nb * 8, 32)
     av_x = np.sqrt(_seqsum(xs * xs) / f32(32)).astype(f32)
     w = av_x[:, None] + np.abs(xs)
-    scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, 0.1, nstep, False)
+    scales, mins, L = (search or make_qkx2_quants)(xs, w, nmax, rmin, 0.1, nstep, False)
     scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
     max_scale = np.maximum(scales.max(axis=1), f32(0))
     max_min = np.maximum(mins.max(axis=1), f32(0))
@@ -231,9 +231,10 @@ def _qk_scales_mins(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     return _pack_k_scales(ls, lm), d, dmin, L
 
 
-def _q_q4_k(x: np.ndarray) -> np.ndarray:
+def _q_q4_k(x: np.ndarray, search=None) -> np.ndarray:
+    """search: a drop-in for make_qkx2_quants (the Numba kernel in quant/quant_numba.py)."""
     nb = x.shape[0]
-    scales12, d, dmin, L = _qk_scales_mins(x, 15, -1.0, 20)
+    scales12, d, dmin, L = _qk_scales_mins(x, 15, -1.0, 20, search)
     q = L.astype(np.uint8).reshape(nb, 4, 2, 32)
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(nb, 128)
     return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), scales12, qs], axis=1)
@@ -250,9 +251,10 @@ def _q_q5_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), scales12, qh, qs], axis=1)
 
 
-def _q_q6_k(x: np.ndarray) -> np.ndarray:
+def _q_q6_k(x: np.ndarray, search=None) -> np.ndarray:
+    """search: a drop-in for make_qx_quants (the Numba kernel in quant/quant_numba.py)."""
     nb = x.shape[0]
-    scales, L = make_qx_quants(x.reshape(nb * 16, 16), 32)
+    scales, L = (search or make_qx_quants)(x.reshape(nb * 16, 16), 32)
     scales = scales.reshape(nb, 16)
     max_abs, max_scale = _abs_argmax_signed(scales)
     zero = max_abs < GROUP_MAX_EPS
@@ -329,12 +331,12 @@ def _q_q2_k(x: np.ndarray) -> np.ndarray:
 _BLOCKS_PER_CALL = 2048  # bounds the (n_sub, 32) temporaries to a few MB
 
 
-def _chunked(fn):
+def _chunked(fn, blocks_per_call: int = _BLOCKS_PER_CALL):
     def run(x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=f32)
-        if x.shape[0] <= _BLOCKS_PER_CALL:
+        if x.shape[0] <= blocks_per_call:
             return fn(x)
-        return np.concatenate([fn(x[i:i + _BLOCKS_PER_CALL]) for i in range(0, x.shape[0], _BLOCKS_PER_CALL)])
+        return np.concatenate([fn(x[i:i + blocks_per_call]) for i in range(0, x.shape[0], blocks_per_call)])
     run.__name__ = fn.__name__
     return run
 

@@ -76,3 +76,37 @@ def test_leave_output_tensor(f32_models, tmp_path):
     dst = tmp_path / "o.gguf"
     quantize_model(f32_models["llama"], dst, "Q4_K_M", leave_output_tensor=True)
     assert read_gguf(dst).tensors["output.weight"].qtype == T.F32
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K])
+def test_numba_kernels_match_numpy_reference(qtype):
+    from quant.quant_numba import KERNELS
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((32, 1024)) * rng.uniform(1e-3, 3, (32, 1))).astype(np.float32)
+    x[1, :256] = 0
+    x[2, 5] = 40.0  # an outlier
+    assert np.array_equal(KERNELS[qtype](x), quantize(x, qtype))
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
+def test_llama_cpp_loads_our_file_same_greedy_text(ftype, f32_models, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from edgellm.api import LLM
+    from edgellm.sampling import SamplingParams
+
+    dst = tmp_path / "q.gguf"
+    quantize_model(f32_models["llama"], dst, ftype, threads=2)
+    prompt = "the quick brown fox"
+    out = LLM(str(dst)).generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    ref = llama_cpp.Llama(model_path=str(dst), n_ctx=128, verbose=False, seed=0)
+    assert ref.tokenize(prompt.encode()) == list(out.prompt_token_ids)
+    theirs = []
+    for tok in ref.generate(list(out.prompt_token_ids), top_k=1, temp=0.0):
+        theirs.append(tok)
+        if len(theirs) == 16:
+            break
+    # token ids (byte-fallback pieces make the texts differ in decoding only). On this random tiny model the
+    # two engines part at token 7-9 even for Q4_0, whose bytes equal llama.cpp's own quantization (golden test
+    # above): an edgellm-vs-llama.cpp near-tie, not a quantizer difference.
+    assert list(out.token_ids)[:6] == theirs[:6]
