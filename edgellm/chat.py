@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, TextIO
 
 from edgellm.chat_template import ChatTemplate, strip_leading_bos
@@ -162,9 +162,7 @@ class ChatSession:
             v = SETTABLE[name](value)
         except ValueError:
             raise InvalidRequestError(f"{name}: not a valid value: {value!r}") from None
-        d = asdict(self.params)
-        d[name] = v
-        self.params = SamplingParams(**d)  # validates
+        self.params = replace(self.params, **{name: v})  # validates
 
     def options(self) -> dict:
         """The settable sampling options and their current values."""
@@ -228,10 +226,9 @@ class ChatSession:
                 raise ContextOverflowError(f"this message needs {len(ids)} prompt tokens but the context holds "
                                            f"{ctx}; shorten it or restart with a larger --ctx-size")
             self.notify(f"answer limited to {room} tokens by the context ({ctx} tokens)")
-            params = SamplingParams(**{**asdict(params), "max_tokens": room})
+            params = replace(params, max_tokens=room)
         if self.turn_stop_ids:
-            params = SamplingParams(**{**asdict(params),
-                                       "stop_token_ids": sorted(set(params.stop_token_ids) | set(self.turn_stop_ids))})
+            params = replace(params, stop_token_ids=sorted(set(params.stop_token_ids) | set(self.turn_stop_ids)))
         return ids, params
 
     def ask(self, user: str) -> Answer:

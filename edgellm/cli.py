@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from functools import wraps
 
 import click
 
-from edgellm.errors import EdgeLLMError
+from edgellm.cli_errors import friendly_errors
 
 model_option = click.option("--model", "-m", "model", default=None, metavar="PATH",
                             help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
@@ -19,25 +18,6 @@ threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), def
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
                           help="Context size in tokens (default 4096, capped at the model's).")
-
-
-def friendly_errors(fn):
-    """Turn EdgeLLMError into a one-line message and exit code 2 (no traceback)."""
-
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except EdgeLLMError as e:
-            click.echo(f"edgellm: error: {e}", err=True)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            sys.exit(0)
-
-    return wrapper
 
 
 def _llm(model, threads=None, ctx_size=None, **kw):
@@ -192,10 +172,13 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
 
 
 from edgellm.cli_chat import chat  # noqa: E402
+from edgellm.cli_quantize import convert, quantize  # noqa: E402
 from edgellm.cli_serve import serve  # noqa: E402
 
 main.add_command(chat)
 main.add_command(serve)
+main.add_command(quantize)
+main.add_command(convert)
 
 if __name__ == "__main__":
     main()

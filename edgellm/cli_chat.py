@@ -33,7 +33,7 @@ def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_to
 
     Type /help inside for commands. When stdin is not a terminal, each input line is one message and only the
     answers are printed, one after another, each followed by a newline."""
-    from edgellm.cli import friendly_errors  # lazily: cli.py imports this module to register the command
+    from edgellm.cli_errors import friendly_errors
 
     friendly_errors(_run)(model=model, system=system, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from edgellm.cli import friendly_errors
+from edgellm.cli_errors import friendly_errors
 from quant.mixes import FTYPES
 
 
