@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 
 from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.kv_cache import PagedKVCache

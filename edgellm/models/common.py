@@ -7,6 +7,7 @@ import numpy as np
 
 from edgellm.loader import LoadedModel
 from kernels_cpu import matmul
+from kernels_cpu.ops import softcap
 from kernels_cpu.attention import paged_attention
 from quant.formats import dequantize
 
@@ -96,3 +97,37 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     if bias is not None:
         y += bias
     return y
+
+
+class CausalLM:
+    """What every architecture's Model shares: embedding, output head, forward = logits(hidden(...)).
+    Subclasses set `Layer` (built as Layer(weights, index, config)) and implement `hidden`."""
+
+    Layer: type
+
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
+        cfg = self.cfg = loaded.config
+        w = Weights(loaded, progress=progress)
+        self.embed = Embedding(loaded)
+        self.output = w.matrix("token_embd.weight" if cfg.tied_output else "output.weight")
+        self.output_norm = w.vector("output_norm.weight")
+        self.layers = [self.Layer(w, i, cfg) for i in range(cfg.n_layers)]
+
+    def forward(self, batch: ForwardBatch, kv) -> np.ndarray:
+        """Logits (R, n_vocab) for batch.logit_rows; writes this step's K/V into kv."""
+        return self.logits(self.hidden(batch, kv))
+
+    def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:  # pragma: no cover - per architecture
+        """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
+        raise NotImplementedError
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """Output head (only for the rows that are sampled): (R, D) -> (R, n_vocab), soft-capped if the
+        model says so."""
+        c = self.cfg
+        if not len(h):
+            return np.empty((0, c.n_vocab), dtype=np.float32)
+        out = matmul(np.ascontiguousarray(h, dtype=np.float32), self.output)
+        if c.final_softcap:
+            softcap(out, c.final_softcap)
+        return out

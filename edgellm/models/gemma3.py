@@ -7,13 +7,12 @@ import math
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from edgellm.models.common import Embedding, ForwardBatch, Weights, attend, linear
-from kernels_cpu import matmul
-from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables, softcap
+from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear
+from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables
 
 
 class Layer:
-    def __init__(self, w: Weights, i: int):
+    def __init__(self, w: Weights, i: int, cfg=None):
         b = f"blk.{i}."
         self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
         self.post_attn_norm = w.vector(b + "post_attention_norm.weight")
@@ -24,21 +23,14 @@ class Layer:
         self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
 
 
-class Model:
+class Model(CausalLM):
     """Gemma 3 forward over a ForwardBatch; weights stay quantized (prepared views of the GGUF memmap)."""
 
-    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
-        cfg = self.cfg = loaded.config
-        w = Weights(loaded, progress=progress)
-        self.embed = Embedding(loaded)
-        self.output = w.matrix("token_embd.weight" if cfg.tied_output else "output.weight")
-        self.output_norm = w.vector("output_norm.weight")
-        self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
-        self.embed_scale = np.float32(math.sqrt(cfg.d_model))
+    Layer = Layer
 
-    def forward(self, batch: ForwardBatch, kv) -> np.ndarray:
-        """Logits (R, n_vocab) for batch.logit_rows; writes this step's K/V into kv."""
-        return self.logits(self.hidden(batch, kv))
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
+        super().__init__(loaded, progress=progress)
+        self.embed_scale = np.float32(math.sqrt(self.cfg.d_model))
 
     def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
         """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
@@ -63,13 +55,3 @@ class Model:
             f = linear(geglu(linear(h, L.gate), linear(h, L.up)), L.down)
             x = x + rmsnorm(f, L.post_ffn_norm, c.rms_eps)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
-
-    def logits(self, h: np.ndarray) -> np.ndarray:
-        """Output head: (R, D) -> (R, n_vocab)."""
-        c = self.cfg
-        if not len(h):
-            return np.empty((0, c.n_vocab), dtype=np.float32)
-        logits = matmul(np.ascontiguousarray(h, dtype=np.float32), self.output)
-        if c.final_softcap:
-            softcap(logits, c.final_softcap)
-        return logits

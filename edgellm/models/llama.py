@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm.loader import LoadedModel
-from edgellm.models.common import Embedding, ForwardBatch, Weights, attend, linear
-from kernels_cpu import matmul
+from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear
 from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
 
 
@@ -22,20 +20,10 @@ class Layer:
         self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
 
 
-class Model:
+class Model(CausalLM):
     """Llama-family forward over a ForwardBatch; weights stay quantized."""
 
-    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
-        cfg = self.cfg = loaded.config
-        w = Weights(loaded, progress=progress)
-        self.embed = Embedding(loaded)
-        self.output = w.matrix("token_embd.weight" if cfg.tied_output else "output.weight")
-        self.output_norm = w.vector("output_norm.weight")
-        self.layers = [Layer(w, i, cfg) for i in range(cfg.n_layers)]
-
-    def forward(self, batch: ForwardBatch, kv) -> np.ndarray:
-        """Logits (R, n_vocab) for batch.logit_rows; writes this step's K/V into kv."""
-        return self.logits(self.hidden(batch, kv))
+    Layer = Layer
 
     def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
         """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
@@ -58,10 +46,3 @@ class Model:
             h = rmsnorm(x, L.ffn_norm, c.rms_eps)
             x = x + linear(swiglu(linear(h, L.gate), linear(h, L.up)), L.down)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
-
-    def logits(self, h: np.ndarray) -> np.ndarray:
-        """Output head: (R, D) -> (R, n_vocab)."""
-        c = self.cfg
-        if not len(h):
-            return np.empty((0, c.n_vocab), dtype=np.float32)
-        return matmul(np.ascontiguousarray(h, dtype=np.float32), self.output)
