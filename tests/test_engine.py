@@ -114,3 +114,36 @@ def test_random_streams_no_leaks_and_same_outputs(tiny_llm, data):
             continue
         assert o.finish_reason == "length"
         assert o.token_ids == alone(tiny_llm, p, m)
+
+
+def test_a_failing_request_does_not_take_the_batch_down(tiny_llm):
+    eng = make_engine(tiny_llm, 512)
+    good = eng.add_request([1, 5, 6, 7], SamplingParams(max_tokens=5, **GREEDY))
+    bad = eng.add_request([1, 8, 9], SamplingParams(max_tokens=5, **GREEDY))
+
+    def boom(logits, history):
+        raise RuntimeError("sampler exploded")
+
+    bad.sampler = boom
+    outs = run_all(eng, [good, bad])
+    assert outs[1].finish_reason == "error" and isinstance(bad.error, RuntimeError)
+    assert outs[0].finish_reason == "length" and outs[0].token_ids == alone(tiny_llm, [1, 5, 6, 7], 5)
+    assert_no_leaks(eng)
+
+
+def test_loop_reports_the_error_to_its_caller_only(tiny_llm, monkeypatch):
+    from edgellm.sampling import Sampler
+
+    real = Sampler.__call__
+
+    def flaky(self, logits, history):
+        if list(history[:3]) == [1, 8, 9]:
+            raise ZeroDivisionError("bad request")
+        return real(self, logits, history)
+
+    monkeypatch.setattr(Sampler, "__call__", flaky)
+    h_bad = tiny_llm.loop.submit([1, 8, 9], SamplingParams(max_tokens=3, **GREEDY))
+    h_good = tiny_llm.loop.submit([1, 5, 6], SamplingParams(max_tokens=3, **GREEDY))
+    with pytest.raises(ZeroDivisionError):
+        h_bad.result(timeout=60)
+    assert h_good.result(timeout=60).finish_reason == "length"

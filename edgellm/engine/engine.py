@@ -95,12 +95,15 @@ class Engine:
         for it in items:
             r = it.request
             if r.id in logits and not r.finished:
-                m = r.matcher
-                tok = r.sampler(logits[r.id] if m is None else m.apply(logits[r.id]), history_array(r))
-                k = r.params.logprobs
-                r.append_token(tok, None if k is None else token_logprobs(logits[r.id], tok, k))
-                if m is not None:
-                    m.after_token(r, tok)
+                try:
+                    m = r.matcher
+                    tok = r.sampler(logits[r.id] if m is None else m.apply(logits[r.id]), history_array(r))
+                    k = r.params.logprobs
+                    r.append_token(tok, None if k is None else token_logprobs(logits[r.id], tok, k))
+                    if m is not None:
+                        m.after_token(r, tok)
+                except Exception as e:  # one request's sampling/grammar failure ends that request only
+                    r.fail(e)
                 touched.append(r)
         return touched + self._reap()
 

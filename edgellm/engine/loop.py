@@ -67,8 +67,9 @@ class EngineLoop:
         h = RequestHandle(self)
         if listener is not None:
             h.listeners.append(listener)
+        # validation and per-request set-up (a grammar matcher can take a while) run outside the loop's lock
+        h.request = self.engine.add_request(prompt_ids, params, priority=priority, defer=True)
         with self._cv:
-            h.request = self.engine.add_request(prompt_ids, params, priority=priority, defer=True)
             self._inbox.append(h)
             self._ensure_thread()
             self._cv.notify()
@@ -116,7 +117,7 @@ class EngineLoop:
                     piece, req.new_text = req.new_text, ""
                     h._emit(piece)
                 if req.finished and eng.is_released(req):
-                    self._finish(h)
+                    self._finish(h, error=req.error)
             if self.on_step:
                 self.on_step()
 

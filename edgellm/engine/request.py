@@ -27,7 +27,7 @@ class RequestOutput:
     request_id: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "cancelled" | None while running
+    finish_reason: str | None  # "stop" | "length" | "cancelled" | "error" | None while running
     prompt_token_ids: list[int]
     metrics: dict = field(default_factory=dict)
 
@@ -86,6 +86,7 @@ class Request:
         self.n_cached = 0  # prompt tokens reused from the prefix tree
         self.state = RequestState.WAITING
         self.finish_reason: str | None = None
+        self.error: BaseException | None = None
         self.new_text = ""  # produced by the last step, for streaming
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
@@ -132,6 +133,12 @@ class Request:
         self.finish_reason = reason
         self.state = RequestState.FINISHED
         self.t_end = time.perf_counter()
+
+    def fail(self, error: BaseException) -> None:
+        """End the request because of an error in its own processing (reported to its caller)."""
+        self.error = error
+        if not self.finished:
+            self._finish("error")
 
     def cancel(self) -> None:
         if not self.finished:
