@@ -41,13 +41,24 @@ def quantize(src, dst, ftype, allow_requantize, leave_output_tensor, threads, as
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_k_m"]), default="f16",
               show_default=True)
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
+              help="Worker threads for q8_0 / q4_k_m (default: cores).")
 @friendly_errors
-def convert(hf_dir, dst, outtype):
-    """Convert a Hugging Face checkpoint directory (safetensors + tokenizer) to GGUF."""
+def convert(hf_dir, dst, outtype, threads):
+    """Convert a Hugging Face checkpoint directory (safetensors + tokenizer) to GGUF.
+
+    Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.
+    q8_0 / q4_k_m write an f16 GGUF to a temporary file, then quantize it (llama.cpp's mixes)."""
     from edgellm.errors import UnsupportedModelError
 
     try:
-        from convert import convert_hf  # noqa: F401
-    except ImportError:
-        raise UnsupportedModelError("edgellm convert is not available yet in this build") from None
-    convert_hf(hf_dir, dst, outtype=outtype)
+        from convert import convert_hf
+    except ImportError as e:
+        raise UnsupportedModelError(f"edgellm convert needs the 'convert' extra (pip install edgellm[convert]): {e}") \
+            from None
+    if threads is None:
+        from kernels_cpu._jit import physical_cores
+
+        threads = physical_cores()
+    out = convert_hf(hf_dir, dst, outtype=outtype, progress=sys.stderr.isatty(), threads=threads)
+    click.echo(f"{out}: {out.stat().st_size / 2**20:.1f} MiB ({outtype})")

@@ -1,0 +1,12 @@
+"""LlamaForCausalLM / MistralForCausalLM -> GGUF "llama" (q/k rows permuted from HF's NeoX halves to interleaved)."""
+from convert.common import ArchSpec, COMMON_METADATA, COMMON_TENSORS
+
+SPEC = ArchSpec(
+    hf_archs=("LlamaForCausalLM", "MistralForCausalLM"),
+    arch="llama",
+    tensors=COMMON_TENSORS,
+    metadata=COMMON_METADATA,
+    permute_qk=True,
+    rope_dimension_count=True,
+    default_pre="llama-bpe",
+)

@@ -1,0 +1,196 @@
+"""`edgellm convert`: tiny random HF checkpoints (config.json, model.safetensors, byte-level BPE tokenizer.json)
+of each supported architecture convert to GGUF files that llama.cpp and edgellm load, give the same logits
+(1e-3 relative), and tokenize like the HF tokenizer."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+
+CORPUS = [
+    "Hello world! This is a tiny test of the converter.",
+    "The quick brown fox jumps over the lazy dog; the dog doesn't mind.",
+    "I'M sure they'll say it's 12345 or 3.14159, isn't it?",
+    "  leading spaces,\ttabs and\nnew lines\n\n  twice",
+    "café naïve résumé — déjà vu",
+    "中文字符和日本語のテキスト",
+    "emoji 🙂🚀 and symbols: <>=+*#_&%$@ [brackets] {braces} (parens)",
+    "def f(x):\n    return x ** 2  # code\n",
+    "MixedCASE words LikeThis and ALLCAPS",
+    "numbers 0 1 22 333 4444 55555 666666",
+    "a",
+    "",
+    "Qwen and Llama and Gemma walk into a bar...",
+]
+SPLITS = {  # the split regexes of real HF tokenizers (Llama 3, Qwen 2)
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+# arch: (HF architecture, pre-tokenizer, config)
+CASES = {
+    "llama": ("LlamaForCausalLM", "llama-bpe", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                                    intermediate_size=512, num_hidden_layers=2, rope_theta=10000.0,
+                                                    rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                                intermediate_size=512, num_hidden_layers=2, rope_theta=1000000.0,
+                                                rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    "qwen3": ("Qwen3ForCausalLM", "qwen2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                                head_dim=128, intermediate_size=512, num_hidden_layers=2,
+                                                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
+    "gemma3": ("Gemma3ForCausalLM", "gpt2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                                 head_dim=128, intermediate_size=512, num_hidden_layers=6,
+                                                 rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                                 rms_norm_eps=1e-6, sliding_window=8, sliding_window_pattern=6,
+                                                 query_pre_attn_scalar=128, tie_word_embeddings=True,
+                                                 hidden_activation="gelu_pytorch_tanh")),
+}
+
+
+def make_tokenizer(pre: str, ignore_merges: bool):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if pre == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4 + [" ".join(CORPUS)], trainer)
+    tj = json.loads(tok.to_str())
+    tj["model"]["ignore_merges"] = ignore_merges  # Llama 3 sets it
+    return Tokenizer.from_str(json.dumps(tj)), tj
+
+
+def write_checkpoint(d: Path, arch: str) -> dict:
+    from safetensors.numpy import save_file
+
+    hf_arch, pre, c = CASES[arch]
+    tok, tj = make_tokenizer(pre, ignore_merges=(pre == "llama-bpe"))
+    (d / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "add_bos_token": True,
+        "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    n_vocab = tok.get_vocab_size()
+    cfg = dict(c, architectures=[hf_arch], model_type=arch, vocab_size=n_vocab, max_position_embeddings=256,
+               bos_token_id=0, eos_token_id=1, torch_dtype="float32")
+    (d / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(hash(arch) % 2**32)
+    d_m, f, n_h, n_kv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim", d_m // n_h)
+    gemma = arch == "gemma3"
+
+    def r(*shape, std=0.05, mean=0.0):
+        return (mean + std * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n):  # gemma stores w with y = x * (1 + w)
+        return r(n, std=0.1, mean=0.0 if gemma else 1.0)
+
+    t = {"model.embed_tokens.weight": r(n_vocab, d_m, std=0.03 if gemma else 0.1), "model.norm.weight": norm(d_m)}
+    if not c["tie_word_embeddings"]:
+        t["lm_head.weight"] = r(n_vocab, d_m, std=0.1)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(d_m)
+        t[p + "self_attn.q_proj.weight"] = r(n_h * hd, d_m)
+        t[p + "self_attn.k_proj.weight"] = r(n_kv * hd, d_m)
+        t[p + "self_attn.v_proj.weight"] = r(n_kv * hd, d_m)
+        t[p + "self_attn.o_proj.weight"] = r(d_m, n_h * hd)
+        if arch == "qwen2":
+            for k, n in (("q", n_h), ("k", n_kv), ("v", n_kv)):
+                t[p + f"self_attn.{k}_proj.bias"] = r(n * hd, std=0.1)
+        if arch in ("qwen3", "gemma3"):
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
+        t[p + "post_attention_layernorm.weight"] = norm(d_m)
+        if gemma:
+            t[p + "pre_feedforward_layernorm.weight"] = norm(d_m)
+            t[p + "post_feedforward_layernorm.weight"] = norm(d_m)
+        t[p + "mlp.gate_proj.weight"] = r(f, d_m)
+        t[p + "mlp.up_proj.weight"] = r(f, d_m)
+        t[p + "mlp.down_proj.weight"] = r(d_m, f)
+    t["model.layers.0.self_attn.rotary_emb.inv_freq"] = r(hd // 2)  # old checkpoints: skipped
+    save_file(t, str(d / "model.safetensors"))
+    return {"tokenizer": tok, "n_vocab": n_vocab}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def converted(request, tmp_path_factory):
+    from convert import convert_hf
+
+    arch = request.param
+    d = tmp_path_factory.mktemp(f"hf_{arch}")
+    info = write_checkpoint(d, arch)
+    out = d / f"{arch}.gguf"
+    convert_hf(d, out, outtype="f32")
+    return arch, out, info
+
+
+def test_metadata_and_tensors(converted):
+    from edgellm.gguf_file import read_gguf
+
+    arch, path, info = converted
+    g = read_gguf(path)
+    md = g.metadata
+    assert md["general.architecture"] == arch
+    assert md["tokenizer.ggml.model"] == "gpt2"
+    assert md["tokenizer.ggml.pre"] == {"gpt2": "gpt-2"}.get(CASES[arch][1], CASES[arch][1])
+    assert md["tokenizer.ggml.bos_token_id"] == 0 and md["tokenizer.ggml.eos_token_id"] == 1
+    assert len(md["tokenizer.ggml.tokens"]) == info["n_vocab"]
+    assert f"{arch}.context_length" in md and md[f"{arch}.block_count"] == CASES[arch][2]["num_hidden_layers"]
+    assert "tokenizer.chat_template" in md
+    names = set(g.tensors)
+    assert "token_embd.weight" in names and ("output.weight" in names) == (arch in ("llama", "qwen2"))
+    if arch == "gemma3":
+        assert md["gemma3.attention.sliding_window"] == 8 and md["gemma3.attention.key_length"] == 128
+        assert "blk.0.post_ffw_norm.weight" in names and "blk.0.attn_q_norm.weight" in names
+    assert not any("rotary" in n for n in names)
+
+
+def test_logits_match_llamacpp(converted):
+    from edgellm import LLM
+    from edgellm.models.common import ForwardBatch
+
+    sys.path.insert(0, str(Path(__file__).parent / "golden"))
+    import make_model_golden as M
+
+    arch, path, info = converted
+    toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
+    assert len(toks) == 16
+    r = M.Runner(path, n_ctx=64, n_batch=64)
+    want = r.decode(toks, 0, [True] * len(toks))
+    llm = LLM(str(path), ctx_size=64, progress=False)
+    blocks = llm.engine.pool.allocate(2)
+    try:
+        got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
+    finally:
+        llm.engine.pool.free(blocks)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"{arch}: max |diff| / max |logit| = {err:.2e}")
+    assert err <= 1e-3
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_tokenizer_matches_hf(converted):
+    from edgellm.tokenizer import Tokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent / "golden"))
+    import make_model_golden as M
+
+    arch, path, info = converted
+    ours = Tokenizer.from_gguf(path)
+    r = M.Runner(path, n_ctx=64, n_batch=64)
+    for text in CORPUS:
+        want = info["tokenizer"].encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_bos=False, special=False) == want, text
+        assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
