@@ -15,9 +15,9 @@ import os
 import re
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class SafetensorsSource:
         for f in files:
             h = safe_open(str(f), framework="numpy")
             self._handles[f] = h
-            for k in h.keys():
+            for k in h.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
                 sl = h.get_slice(k)
                 self.where[k] = f
                 self.shape[k] = tuple(sl.get_shape())

@@ -1,5 +1,5 @@
 """Gemma3ForCausalLM (text) -> GGUF "gemma3": every *norm.weight + 1, tied embeddings, sandwich norms."""
-from convert.common import ArchSpec, COMMON_METADATA, QK_NORM_TENSORS
+from convert.common import COMMON_METADATA, QK_NORM_TENSORS, ArchSpec
 
 _L = r"(?:model\.language_model|model)\.layers\.(\d+)\."
 SPEC = ArchSpec(

@@ -1,5 +1,5 @@
 """LlamaForCausalLM / MistralForCausalLM -> GGUF "llama" (q/k rows permuted from HF's NeoX halves to interleaved)."""
-from convert.common import ArchSpec, COMMON_METADATA, COMMON_TENSORS
+from convert.common import COMMON_METADATA, COMMON_TENSORS, ArchSpec
 
 SPEC = ArchSpec(
     hf_archs=("LlamaForCausalLM", "MistralForCausalLM"),

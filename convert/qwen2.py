@@ -1,5 +1,5 @@
 """Qwen2ForCausalLM -> GGUF "qwen2" (q/k/v biases, no permutation)."""
-from convert.common import ArchSpec, COMMON_METADATA, COMMON_TENSORS
+from convert.common import COMMON_METADATA, COMMON_TENSORS, ArchSpec
 
 SPEC = ArchSpec(
     hf_archs=("Qwen2ForCausalLM",),
