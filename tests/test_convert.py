@@ -352,3 +352,53 @@ def to_f32_bf16(x: np.ndarray) -> np.ndarray:
     from convert.common import to_bf16
 
     return (to_bf16(x).astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_sentencepiece_tokenizer_model(arch, tmp_path):
+    """A checkpoint with tokenizer.model (SentencePiece BPE, byte fallback: Llama 2 / Gemma style) converts to a
+    "llama" vocab that edgellm and llama.cpp tokenize like SentencePiece."""
+    import io
+
+    import sentencepiece as spm
+
+    from convert import convert_hf
+    from edgellm.gguf_file import read_gguf
+    from edgellm.tokenizer import Tokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent / "golden"))
+    import make_model_golden as M
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4), model_writer=buf, vocab_size=400, model_type="bpe", byte_fallback=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=(arch == "llama"),
+        split_digits=True, hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    (tmp_path / "tokenizer.model").write_bytes(buf.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    info = write_checkpoint(tmp_path, arch)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    n = sp.vocab_size()
+    cfg["vocab_size"] = n
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from safetensors.numpy import save_file
+
+    w = dict(info["weights"])
+    w["model.embed_tokens.weight"] = w["model.embed_tokens.weight"][:n]
+    if "lm_head.weight" in w:
+        w["lm_head.weight"] = w["lm_head.weight"][:n]
+    save_file(w, str(tmp_path / "model.safetensors"))
+    out = tmp_path / "spm.gguf"
+    convert_hf(tmp_path, out, outtype="f32")
+    md = read_gguf(out).metadata
+    assert md["tokenizer.ggml.model"] == "llama" and md["tokenizer.ggml.bos_token_id"] == 1
+    ours = Tokenizer.from_gguf(out)
+    r = M.Runner(out, n_ctx=64, n_batch=64)
+    for text in CORPUS:
+        if not text:
+            continue
+        want = sp.encode(text)
+        assert ours.encode(text, add_bos=False, special=False) == want, text
+        assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
