@@ -77,6 +77,7 @@ def test_preemption_keeps_outputs(tiny_llm):
     rng = np.random.default_rng(2)
     prompts = [[1] + rng.integers(3, 500, 40).tolist() for _ in range(4)]
     eng = make_engine(tiny_llm, 160)  # 10 blocks: 4 requests of 40 + 40 tokens cannot all stay
+    eng.scheduler.output_estimate = 1  # admit optimistically so that running requests must be preempted
     outs = run_all(eng, [eng.add_request(p, SamplingParams(max_tokens=40, **GREEDY)) for p in prompts])
     assert eng.scheduler.preemptions > 0
     for p, o in zip(prompts, outs):

@@ -9,6 +9,9 @@ from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.request import Request, RequestState
 
 
+OUTPUT_ESTIMATE = 64  # generated tokens budgeted at admission when other requests are running
+
+
 @dataclass
 class ScheduledItem:
     request: Request
@@ -26,6 +29,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.output_estimate = OUTPUT_ESTIMATE
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -68,6 +72,12 @@ class Scheduler:
         self.waiting.appendleft(victim)
         self.preemptions += 1
         return True
+
+    def _admission_tokens(self, req: Request) -> int:
+        if not self.running:
+            return req.n_tokens + 1
+        left = max(1, req.params.max_tokens - len(req.output_ids))
+        return min(req.max_len, req.n_tokens + min(left, self.output_estimate))
 
     def _next_end(self, req: Request, budget: int) -> int:
         """End position of req's work this step. Tokens past the prompt (generated ones, also when
@@ -112,8 +122,9 @@ class Scheduler:
             if self.prefix is not None and not req.block_table:
                 self.prefix.admit(req)  # reuse the longest cached prefix
             end = self._next_end(req, budget)
-            # admission: the whole prompt (plus one output block) must fit now
-            if self._blocks_needed(req, req.n_tokens + 1) > self.pool.n_free or end <= req.n_computed:
+            # admission: the whole prompt must fit now, plus room for an estimate of its output while others
+            # run (fewer preemptions); alone, a request needs room for one more token only
+            if self._blocks_needed(req, self._admission_tokens(req)) > self.pool.n_free or end <= req.n_computed:
                 self.release(req)  # do not pin cached prefix blocks while waiting
                 req.n_computed = req.n_cached = 0
                 break
