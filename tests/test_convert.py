@@ -143,6 +143,20 @@ def converted(request, tmp_path_factory):
     return arch, out, info
 
 
+def llama_cpp_runner(path):
+    """llama.cpp (the `bench` extra, not installed in CI) for the extra cross-checks; None without it. The
+    conversion itself is always checked against the float64 HF reference forward below."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    sys.path.insert(0, str(Path(__file__).parent / "golden"))
+    import make_model_golden as M
+
+    return M.Runner(path, n_ctx=64, n_batch=64)
+
+
+
 def test_metadata_and_tensors(converted):
     from edgellm.gguf_file import read_gguf
 
@@ -168,14 +182,11 @@ def test_logits_match_llamacpp(converted):
     from edgellm import LLM
     from edgellm.models.common import ForwardBatch
 
-    sys.path.insert(0, str(Path(__file__).parent / "golden"))
-    import make_model_golden as M
-
+    pytest.importorskip("llama_cpp")  # CI checks the same files against the HF reference (test below)
     arch, path, info = converted
     toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
     assert len(toks) == 16
-    r = M.Runner(path, n_ctx=64, n_batch=64)
-    want = r.decode(toks, 0, [True] * len(toks))
+    want = llama_cpp_runner(path).decode(toks, 0, [True] * len(toks))
     llm = LLM(str(path), ctx_size=64, progress=False)
     blocks = llm.engine.pool.allocate(2)
     try:
@@ -191,16 +202,14 @@ def test_logits_match_llamacpp(converted):
 def test_tokenizer_matches_hf(converted):
     from edgellm.tokenizer import Tokenizer
 
-    sys.path.insert(0, str(Path(__file__).parent / "golden"))
-    import make_model_golden as M
-
     _arch, path, info = converted
     ours = Tokenizer.from_gguf(path)
-    r = M.Runner(path, n_ctx=64, n_batch=64)
+    r = llama_cpp_runner(path)
     for text in CORPUS:
         want = info["tokenizer"].encode(text, add_special_tokens=False).ids
         assert ours.encode(text, add_bos=False, special=False) == want, text
-        assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
+        if r is not None:
+            assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
 
 
 def hf_reference_logits(arch: str, w: dict, c: dict, toks: list[int]) -> np.ndarray:
@@ -317,9 +326,6 @@ def test_cli_outtypes(outtype, tmp_path):
     from edgellm.gguf_file import read_gguf
     from edgellm.models.common import ForwardBatch
 
-    sys.path.insert(0, str(Path(__file__).parent / "golden"))
-    import make_model_golden as M
-
     info = write_checkpoint(tmp_path, "llama")
     _write_bf16_safetensors(tmp_path / "model.safetensors", info["weights"])
     out = tmp_path / f"llama-{outtype}.gguf"
@@ -330,21 +336,24 @@ def test_cli_outtypes(outtype, tmp_path):
     assert g.tensors["blk.0.attn_q.weight"].qtype.name == want_type
     assert g.tensors["blk.0.attn_norm.weight"].qtype.name == "F32"
     toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
-    ref = M.Runner(out, n_ctx=64, n_batch=64).decode(toks, 0, [True] * 16)
+    r = llama_cpp_runner(out)
     llm = LLM(str(out), ctx_size=64, progress=False)
     blocks = llm.engine.pool.allocate(2)
     try:
         got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
     finally:
         llm.engine.pool.free(blocks)
-    err = np.abs(got - ref).max() / np.abs(ref).max()
     w16 = {k: (to_f32_bf16(v)) for k, v in info["weights"].items()}
     hf = hf_reference_logits("llama", w16, info["config"], toks)
     err_hf = np.abs(got - hf).max() / np.abs(hf).max()
-    print(f"{outtype}: vs llama.cpp {err:.2e}, vs HF reference {err_hf:.2e}")
-    # llama.cpp rounds the activations to f16 / bf16 / q8 for these matmuls (edgellm keeps them in f32: it matches
-    # the HF reference to ~1e-7 for f16 / bf16), hence the looser bounds against llama.cpp
-    assert err <= {"f16": 3e-3, "bf16": 2e-2, "q8_0": 3e-2, "q4_k_m": 3e-2}[outtype]
+    print(f"{outtype}: vs HF reference {err_hf:.2e}")
+    if r is not None:
+        ref = r.decode(toks, 0, [True] * 16)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"{outtype}: vs llama.cpp {err:.2e}")
+        # llama.cpp rounds the activations to f16 / bf16 / q8 for these matmuls (edgellm keeps them in f32: it
+        # matches the HF reference to ~1e-7 for f16 / bf16), hence the looser bounds against llama.cpp
+        assert err <= {"f16": 3e-3, "bf16": 2e-2, "q8_0": 3e-2, "q4_k_m": 3e-2}[outtype]
     assert err_hf <= {"f16": 1e-5, "bf16": 1e-5, "q8_0": 0.1, "q4_k_m": 0.4}[outtype]
 
 
@@ -365,9 +374,6 @@ def test_sentencepiece_tokenizer_model(arch, tmp_path):
     from convert import convert_hf
     from edgellm.gguf_file import read_gguf
     from edgellm.tokenizer import Tokenizer
-
-    sys.path.insert(0, str(Path(__file__).parent / "golden"))
-    import make_model_golden as M
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -395,10 +401,11 @@ def test_sentencepiece_tokenizer_model(arch, tmp_path):
     md = read_gguf(out).metadata
     assert md["tokenizer.ggml.model"] == "llama" and md["tokenizer.ggml.bos_token_id"] == 1
     ours = Tokenizer.from_gguf(out)
-    r = M.Runner(out, n_ctx=64, n_batch=64)
+    r = llama_cpp_runner(out)
     for text in CORPUS:
         if not text:
             continue
         want = sp.encode(text)
         assert ours.encode(text, add_bos=False, special=False) == want, text
-        assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
+        if r is not None:
+            assert r.tokenize(text, add_bos=False) == want, f"llama.cpp: {text!r}"
