@@ -134,7 +134,6 @@ class LLM:
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text pieces as they are produced (stop strings never leak). Closing the iterator cancels."""
         h = self.submit(prompt, params)
-        self.last_handle = h
         try:
             yield from h.pieces()
         finally:

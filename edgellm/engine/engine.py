@@ -2,7 +2,6 @@
 running request forward by one forward pass."""
 from __future__ import annotations
 
-import threading
 
 
 from edgellm.engine.block_pool import BlockPool
@@ -37,7 +36,6 @@ class Engine:
         self.runner = ModelRunner(model, self.kv)
         self.requests: dict[int, Request] = {}
         self.masks = MaskWorker()
-        self.lock = threading.Lock()
 
     @property
     def tokenizer(self):

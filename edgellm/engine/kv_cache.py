@@ -58,8 +58,3 @@ class PagedKVCache:
             k, v = ENCODE[self.kv_dtype](k), ENCODE[self.kv_dtype](v)
         kf[slots] = k
         vf[slots] = v
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy-on-write support: duplicate one block's K/V in every layer."""
-        for a in self.k + self.v:
-            a[dst] = a[src]
