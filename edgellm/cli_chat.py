@@ -42,7 +42,8 @@ def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_to
 
 def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
     from edgellm.api import LLM
-    from edgellm.chat import ChatSession, ChatUI
+    from edgellm.chat import ChatSession
+    from edgellm.chat_ui import ChatUI
     from edgellm.model_path import cache_dir, resolve_model
     from edgellm.sampling import SamplingParams
 

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgellm.chat import ChatSession, ChatUI, parse_messages
+from edgellm.chat import ChatSession, parse_messages
+from edgellm.chat_ui import ChatUI
 from edgellm.errors import ContextOverflowError, InvalidRequestError
 from edgellm.sampling import SamplingParams
 
