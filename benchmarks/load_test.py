@@ -69,20 +69,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def launch_server(options: list[str], *, timeout: float, name: str) -> tuple[subprocess.Popen, str]:
+    """`edgellm serve` on a free loopback port with extra options; returns (process, base URL) once healthy."""
     port = free_port()
     cmd = [sys.executable, "-m", "edgellm.cli_serve", "--host", "127.0.0.1", "--port", str(port),
-           "--max-batch", str(args.max_batch), "--ctx-size", str(args.ctx_size), "--log-level", "warning"]
-    if args.model:
-        cmd += ["--model", args.model]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
+           "--log-level", "warning", *options]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + args.load_timeout
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"load_test: server exited with code {proc.returncode}")
+            sys.exit(f"{name}: server exited with code {proc.returncode}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
@@ -90,7 +87,14 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
             pass
         time.sleep(0.5)
     proc.terminate()
-    sys.exit("load_test: server did not become healthy in time")
+    sys.exit(f"{name}: server did not become healthy in time")
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    options = ["--max-batch", str(args.max_batch), "--ctx-size", str(args.ctx_size)]
+    options += ["--model", args.model] if args.model else []
+    options += ["--threads", str(args.threads)] if args.threads else []
+    return launch_server(options, timeout=args.load_timeout, name="load_test")
 
 
 # -- clients -------------------------------------------------------------------------------------------------------

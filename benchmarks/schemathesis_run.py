@@ -11,40 +11,21 @@ Exit code: schemathesis's (0 = no failures). Needs the dev extra (schemathesis).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load_test import check_loopback, free_port  # noqa: E402
+from load_test import check_loopback, launch_server  # noqa: E402
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance," \
          "negative_data_rejection"
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm.cli_serve", "--host", "127.0.0.1", "--port", str(port),
-           "--ctx-size", str(args.ctx_size), "--max-batch", "16", "--log-level", "warning"]
-    if args.model:
-        cmd += ["--model", args.model]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit("schemathesis_run: the server did not become healthy")
+    options = ["--ctx-size", str(args.ctx_size), "--max-batch", "16"] + (["--model", args.model] if args.model else [])
+    return launch_server(options, timeout=600, name="schemathesis_run")
 
 
 def main() -> int:

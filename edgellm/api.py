@@ -5,11 +5,14 @@ import os
 import sys
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from edgellm.engine.engine import Engine
 from edgellm.engine.loop import EngineLoop, RequestHandle
 from edgellm.engine.request import RequestOutput
 from edgellm.errors import InvalidRequestError
 from edgellm.loader import LoadedModel, load_gguf
+from edgellm.models.common import ForwardBatch
 from edgellm.model_path import resolve_model
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
@@ -176,6 +179,24 @@ class LLM:
         finally:
             if not h.done.is_set():
                 h.cancel()
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no
+        sampling, nothing cached): for scoring and for comparisons with reference implementations."""
+        ids = self._prompt_ids(list(token_ids))
+        eng = self.engine
+        with self.loop.step_lock:  # direct model use must not race the engine thread
+            blocks = eng.pool.allocate(-(-len(ids) // eng.block_size))
+            if blocks is None or len(ids) > self.ctx_size:
+                from edgellm.errors import ContextOverflowError
+
+                if blocks is not None:
+                    eng.pool.free(blocks)
+                raise ContextOverflowError(f"{len(ids)} tokens do not fit in the free KV cache / context")
+            try:
+                return self.model.forward(ForwardBatch.single(ids, 0, blocks, all_logits=True), eng.kv)
+            finally:
+                eng.pool.free(blocks)
 
     def stats(self) -> dict:
         """Engine metrics: KV blocks total/used/free/cached, evictions, preemptions, queue sizes."""

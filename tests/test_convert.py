@@ -180,19 +180,13 @@ def test_metadata_and_tensors(converted):
 
 def test_logits_match_llamacpp(converted):
     from edgellm import LLM
-    from edgellm.models.common import ForwardBatch
 
     pytest.importorskip("llama_cpp")  # CI checks the same files against the HF reference (test below)
     arch, path, info = converted
     toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
     assert len(toks) == 16
     want = llama_cpp_runner(path).decode(toks, 0, [True] * len(toks))
-    llm = LLM(str(path), ctx_size=64, progress=False)
-    blocks = llm.engine.pool.allocate(2)
-    try:
-        got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
-    finally:
-        llm.engine.pool.free(blocks)
+    got = LLM(str(path), ctx_size=64, progress=False).logits(toks)
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"{arch}: max |diff| / max |logit| = {err:.2e}")
     assert err <= 1e-3
@@ -282,17 +276,11 @@ def hf_reference_logits(arch: str, w: dict, c: dict, toks: list[int]) -> np.ndar
 def test_logits_match_hf_reference(converted):
     """edgellm on the converted file == the HF forward pass on the original tensors."""
     from edgellm import LLM
-    from edgellm.models.common import ForwardBatch
 
     arch, path, info = converted
     toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
     want = hf_reference_logits(arch, info["weights"], info["config"], toks)
-    llm = LLM(str(path), ctx_size=64, progress=False)
-    blocks = llm.engine.pool.allocate(2)
-    try:
-        got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
-    finally:
-        llm.engine.pool.free(blocks)
+    got = LLM(str(path), ctx_size=64, progress=False).logits(toks)
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"{arch} vs HF reference: max |diff| / max |logit| = {err:.2e}")
     assert err <= 1e-3
@@ -324,7 +312,6 @@ def test_cli_outtypes(outtype, tmp_path):
     from edgellm import LLM
     from edgellm.cli_quantize import convert
     from edgellm.gguf_file import read_gguf
-    from edgellm.models.common import ForwardBatch
 
     info = write_checkpoint(tmp_path, "llama")
     _write_bf16_safetensors(tmp_path / "model.safetensors", info["weights"])
@@ -337,12 +324,7 @@ def test_cli_outtypes(outtype, tmp_path):
     assert g.tensors["blk.0.attn_norm.weight"].qtype.name == "F32"
     toks = info["tokenizer"].encode(CORPUS[1], add_special_tokens=False).ids[:16]
     r = llama_cpp_runner(out)
-    llm = LLM(str(out), ctx_size=64, progress=False)
-    blocks = llm.engine.pool.allocate(2)
-    try:
-        got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
-    finally:
-        llm.engine.pool.free(blocks)
+    got = LLM(str(out), ctx_size=64, progress=False).logits(toks)
     w16 = {k: (to_f32_bf16(v)) for k, v in info["weights"].items()}
     hf = hf_reference_logits("llama", w16, info["config"], toks)
     err_hf = np.abs(got - hf).max() / np.abs(hf).max()

@@ -32,7 +32,6 @@ def test_cases_present():
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_llamacpp(case, loaded_cases):
     from edgellm import LLM
-    from edgellm.models.common import ForwardBatch
 
     meta = json.loads((GOLDEN / f"{case}.json").read_text())
     want = np.load(GOLDEN / meta["logits_file"])["logits"]  # (n_tokens, n_vocab)
@@ -42,12 +41,7 @@ def test_logits_match_llamacpp(case, loaded_cases):
     write_tiny_model(path, arch, **writer)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["model_file"]["sha256"], "tiny model writer changed"
     llm = LLM(str(path), ctx_size=64, progress=False)
-    toks = meta["tokens"]
-    blocks = llm.engine.pool.allocate(-(-len(toks) // llm.engine.block_size))
-    try:
-        got = llm.model.forward(ForwardBatch.single(toks, 0, blocks, all_logits=True), llm.engine.kv)
-    finally:
-        llm.engine.pool.free(blocks)
+    got = llm.logits(meta["tokens"])  # (n_tokens, n_vocab)
     scale = np.abs(want).max()
     err = np.abs(got - want).max() / scale
     rtol = meta.get("logits_rtol", 1e-3)

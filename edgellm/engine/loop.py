@@ -60,6 +60,7 @@ class EngineLoop:
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
+        self.step_lock = threading.Lock()  # held around each engine step; hold it to use the model directly
         self.on_step: Callable[[], None] | None = None  # metrics hook (server)
 
     def submit(self, prompt_ids: list[int], params, *, priority: int = 0, listener=None) -> RequestHandle:
@@ -102,7 +103,8 @@ class EngineLoop:
                         h.request.cancel()
                 self._cancel.clear()
             try:
-                touched = eng.step()
+                with self.step_lock:
+                    touched = eng.step()
             except BaseException as e:  # a kernel or model bug: fail the running requests, keep serving
                 for rid, h in list(self._handles.items()):
                     h.request.cancel()
