@@ -90,6 +90,17 @@ def launch_server(options: list[str], *, timeout: float, name: str) -> tuple[sub
     sys.exit(f"{name}: server did not become healthy in time")
 
 
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """Terminate a server started by launch_server (kill it if it does not exit within 15 s)."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def start_server(args) -> tuple[subprocess.Popen, str]:
     options = ["--max-batch", str(args.max_batch), "--ctx-size", str(args.ctx_size)]
     options += ["--model", args.model] if args.model else []
@@ -237,12 +248,7 @@ def main() -> int:
     try:
         res = asyncio.run(asyncio.wait_for(run(args, url), args.timeout))
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load_test import check_loopback, launch_server  # noqa: E402
+from load_test import check_loopback, launch_server, stop_server  # noqa: E402
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance," \
          "negative_data_rejection"
@@ -56,12 +56,7 @@ def main() -> int:
         print("schemathesis_run: timed out", file=sys.stderr)
         return 1
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
 
 
 if __name__ == "__main__":
