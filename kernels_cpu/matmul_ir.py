@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from llvmlite import ir
 from numba import types
@@ -230,6 +231,10 @@ class Emit:
         """<16 x i32> -> <16 x double> (exact)."""
         return self.b.sitofp(v, V(F64, R))
 
+    def cvt32(self, v):
+        """<16 x i32> -> <16 x float> (rounded to nearest even, as cvtdq2ps)."""
+        return self.b.sitofp(v, V(F32, R))
+
     def wide(self, v):
         """<16 x float> -> <16 x double> (exact)."""
         return self.b.fpext(v, V(F64, R))
@@ -242,19 +247,40 @@ class Emit:
         fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ty, [ty] * 3), name)
         return self.b.call(fn, [a, c, acc])
 
-# FMT (QuantType id) -> body(e: Emit, mb: int) emitting the work for one (row group, K block).
-BODIES: dict[int, Callable[[Emit, int], None]] = {}
+@dataclass(frozen=True)
+class Body:
+    """How one format's kernel block is emitted.
+
+    emit(e, mb): the work of one (row group, K block); lanes: accumulators per activation row. lanes == 0: one
+    <16 x double> accumulator per row (e.acc[i]); lanes > 0: e.acc[i] is a list of `lanes` <16 x float>
+    accumulators that reproduce llama.cpp's SIMD lanes, and reduce(e, accs) -> <16 x float> sums them in
+    llama.cpp's order at the end of the row."""
+
+    emit: Callable[[Emit, int], None]
+    lanes: int = 0
+    reduce: Callable | None = None
 
 
-def register(*fmts: int):
-    """Decorator: register an IR body for the given QuantType ids."""
+# FMT (QuantType id) -> Body
+BODIES: dict[int, Body] = {}
+
+
+def register(*fmts: int, lanes: int = 0, reduce: Callable | None = None):
+    """Decorator: register an IR body for the given QuantType ids (see Body)."""
 
     def deco(fn):
         for f in fmts:
-            BODIES[int(f)] = fn
+            BODIES[int(f)] = Body(fn, lanes, reduce)
         return fn
 
     return deco
+
+
+def hsum8(e: Emit, a: list):
+    """llama.cpp's hsum_float_8 of 8 lanes: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
+    b = e.b
+    s = [b.fadd(a[i], a[i + 4]) for i in range(4)]
+    return b.fadd(b.fadd(s[0], s[2]), b.fadd(s[1], s[3]))
 
 
 def _tune(context, fn) -> None:
@@ -275,10 +301,11 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
     sc + b*sbytes, activation element b*xelems); writes the mb x 16 outputs to facc as float64."""
     if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
         return None
-    body = BODIES[fmt.literal_value]
+    spec = BODIES[fmt.literal_value]
     nrows = mb.literal_value
     i64 = types.int64
     sig = types.void(fmt, mb, facc, xq, i64, i64, dx, i64, i64, bs, i64, i64, qs, i64, sc, i64, i64, i64, i64, i64)
+    lanes = spec.lanes
 
     def codegen(context, builder, signature, args):
         _tune(context, builder.function)
@@ -287,13 +314,18 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
 
         def step(b, accs):
             view = e.block(b, qb, sb, xe)
-            view.acc = list(accs)
-            body(view, nrows)
-            return view.acc
+            view.acc = [accs[i * lanes:(i + 1) * lanes] for i in range(nrows)] if lanes else list(accs)
+            spec.emit(view, nrows)
+            return [a for row in view.acc for a in row] if lanes else view.acc
 
-        zero = ir.Constant(V(F64, R), [0.0] * R)
-        accs = e.loop(nblocks, step, [zero] * nrows)  # accumulators stay in registers across the blocks
-        for i, a in enumerate(accs):
+        if lanes:
+            zero = ir.Constant(V(F32, R), [0.0] * R)
+            accs = e.loop(nblocks, step, [zero] * (nrows * lanes))
+            outs = [e.wide(spec.reduce(e, accs[i * lanes:(i + 1) * lanes])) for i in range(nrows)]
+        else:
+            zero = ir.Constant(V(F64, R), [0.0] * R)
+            outs = e.loop(nblocks, step, [zero] * nrows)  # accumulators stay in registers across the blocks
+        for i, a in enumerate(outs):
             e.store(a, e.facc, i * R * 8)
         return context.get_dummy_value()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F32, Emit, R, register
+from .matmul_ir import F32, I16, I32, Emit, R, V, hsum8, register
 
 
 def _accumulate(e: Emit, mb: int, acc, isums, scale) -> list:
@@ -95,33 +95,125 @@ def _q45_k(e: Emit, mb: int, high_bits: bool) -> None:
     _finish(e, mb, acc, macc, 256)
 
 
-@register(Q.Q4_K)
+# -- llama.cpp-exact Q4_K / Q6_K (ggml_vec_dot_q4_K_q8_K / _q6_K_q8_K, AVX2 path) ------------------------
+# llama.cpp keeps 8 int32 lanes per super-block: lane l sums, over the 8 runs of 32, the scaled products of
+# elements 4l..4l+3 of the run (maddubs + madd with the broadcast sub-block scale); then
+# acc_l = fma(d, float(lane l), acc_l) with d = y.d * f16(x.d), and hsum_float_8 at the end. Integer sums are
+# exact, so we may multiply the weights by their scale first (one vpmullw per pair vector, shared by all
+# activation rows) and accumulate each lane's pairs with vpdpwssd; lanes l and l+4 use the low and high nibbles
+# of the same weight vectors, so they are computed together (2 live integer lanes per row).
+
+def _scale_pairs(e: Emit, off, signed: bool):
+    """The sub-block scales of the 16 rows at scale offset off, as <32 x i16> (lane 2r+e = row r)."""
+    b = e.b
+    v = b.trunc(e.u8x16(off, signed=signed), V(I16, R))
+    return b.shuffle_vector(v, v, ir_index([r // 2 for r in range(32)]))
+
+
+def ir_index(idx):
+    from llvmlite import ir
+
+    return ir.Constant(V(I32, len(idx)), idx)
+
+
+def _lane_pair_sums(e: Emit, mb: int, q: int, pair_fn) -> list:
+    """Integer lanes (q, q+4) of every row: sums over the 8 runs of scaled pairs (2q, 2q+1) and (2q+8, 2q+9).
+    pair_fn(t, q) -> ((w_2q, w_2q+1), (w_2q+8, w_2q+9)) weight pair vectors of run t, already scaled."""
+
+    def step(t, state):
+        (lo0, lo1), (hi0, hi1) = pair_fn(t, q)
+        out = []
+        for i in range(mb):
+            a, c = state[2 * i], state[2 * i + 1]
+            a = e.madd(e.madd(a, lo0, i, e.lin(t, 32, 4 * q)), lo1, i, e.lin(t, 32, 4 * q + 2))
+            c = e.madd(e.madd(c, hi0, i, e.lin(t, 32, 16 + 4 * q)), hi1, i, e.lin(t, 32, 16 + 4 * q + 2))
+            out += [a, c]
+        return out
+
+    return e.loop(8, step, [e.zeros_i32()] * (2 * mb))
+
+
+def _q4_k_pairs(e: Emit):
+    def fn(t, q):
+        sc = _scale_pairs(e, e.lin(t, 16), False)
+        lo, hi = [], []
+        for v in (2 * q, 2 * q + 1):
+            raw = e.wvec(e.lin(t, 256, 32 * v))
+            lo.append(e.mul(e.s16(e.lo4(raw)), sc))
+            hi.append(e.mul(e.s16(e.hi4(raw)), sc))
+        return lo, hi
+    return fn
+
+
+def _q6_k_pairs(e: Emit):
+    def fn(t, q):
+        sc_lo = _scale_pairs(e, e.lin(t, 32), True)
+        sc_hi = _scale_pairs(e, e.lin(t, 32, 16), True)
+        lo, hi = [], []
+        for v in (2 * q, 2 * q + 1):
+            raw = e.wvec(e.lin(t, 256, 32 * v))
+            for pp, nib, sc, dst in ((v, e.lo4(raw), sc_lo, lo), (v + 8, e.hi4(raw), sc_hi, hi)):
+                hv = e.wvec(e.lin(t, 128, 2048 + 32 * (pp % 4)))
+                code = e.b.or_(nib, e.shl(e.bits2(hv, 2 * (pp // 4)), 4))  # 0..63 (llama.cpp: no -32 here)
+                dst.append(e.mul(e.s16(code), sc))
+        return lo, hi
+    return fn
+
+
+def _hsum8_plus_min(e: Emit, a: list):
+    """Q4_K: hsum_float_8(acc) + the 4 min lanes summed as llama.cpp's acc_m: (m0+m2) + (m1+m3)."""
+    m = a[8:]
+    return e.b.fadd(hsum8(e, a[:8]), e.b.fadd(e.b.fadd(m[0], m[2]), e.b.fadd(m[1], m[3])))
+
+
+@register(Q.Q4_K, lanes=12, reduce=_hsum8_plus_min)
 def _q4_k(e: Emit, mb: int) -> None:
-    _q45_k(e, mb, False)
+    b = e.b
+    d = e.f16x16(256)
+    dmin = e.f16x16(288)
+    pairs = _q4_k_pairs(e)
+    ts = [b.fmul(e.dxs(i), d) for i in range(mb)]  # y.d * f16(x.d)
+    for q in range(4):
+        lanes = _lane_pair_sums(e, mb, q, pairs)
+        for i in range(mb):
+            for ln, s in ((q, lanes[2 * i]), (q + 4, lanes[2 * i + 1])):
+                e.acc[i][ln] = e.fma(ts[i], e.cvt32(s), e.acc[i][ln])
+    # mins: lane m = min_2m * q8s_2m + min_2m+1 * q8s_2m+1 (q8s_j = activation sum of sub-block j),
+    # acc_m = fma(-y.d * f16(x.dmin), float(lane), acc_m)
+    mins = [e.u8x16(128 + 16 * j) for j in range(8)]
+    for i in range(mb):
+        tm = b.fneg(b.fmul(e.dxs(i), dmin))
+        for m in range(4):
+            terms = []
+            for j in (2 * m, 2 * m + 1):
+                q8s = e.add(e.bsum(i, 2 * j), e.bsum(i, 2 * j + 1))
+                terms.append(e.mul(mins[j], e.splat(q8s, R)))
+            e.acc[i][8 + m] = e.fma(tm, e.cvt32(e.add(terms[0], terms[1])), e.acc[i][8 + m])
+
+
+@register(Q.Q6_K, lanes=8, reduce=hsum8)
+def _q6_k(e: Emit, mb: int) -> None:
+    b = e.b
+    d = e.f16x16(256)
+    pairs = _q6_k_pairs(e)
+    ts = [b.fmul(e.dxs(i), d) for i in range(mb)]
+    scs = [e.u8x16(16 * j, signed=True) for j in range(16)]
+    sums = [[None] * 8 for _ in range(mb)]
+    for q in range(4):
+        lanes = _lane_pair_sums(e, mb, q, pairs)
+        for i in range(mb):
+            sums[i][q], sums[i][q + 4] = lanes[2 * i], lanes[2 * i + 1]
+    for i in range(mb):
+        for ln in range(8):  # - 32 * (bsum_2l * sc_2l + bsum_2l+1 * sc_2l+1): llama.cpp's q8sclsub lane l
+            corr = e.add(e.mul(scs[2 * ln], e.splat(e.bsum(i, 2 * ln), R)),
+                         e.mul(scs[2 * ln + 1], e.splat(e.bsum(i, 2 * ln + 1), R)))
+            corr = e.mul(corr, e.const(I32, R, 32))
+            e.acc[i][ln] = e.fma(ts[i], e.cvt32(b.sub(sums[i][ln], corr)), e.acc[i][ln])
 
 
 @register(Q.Q5_K)
 def _q5_k(e: Emit, mb: int) -> None:
     _q45_k(e, mb, True)
-
-
-@register(Q.Q6_K)
-def _q6_k(e: Emit, mb: int) -> None:
-    def run(t, acc, macc):
-        hv = [e.wvec(e.lin(t, 128, 2048 + 32 * u)) for u in range(4)]
-        pairs = [None] * 16
-        for v in range(8):
-            raw = e.wvec(e.lin(t, 256, 32 * v))
-            for pp, nib in ((v, e.lo4(raw)), (v + 8, e.hi4(raw))):
-                code = e.b.or_(nib, e.shl(e.bits2(hv[pp % 4], 2 * (pp // 4)), 4))
-                pairs[pp] = e.s16(e.sub8(code, 32))
-        s0, s1 = _run_sums(e, mb, t, pairs)
-        acc = _accumulate(e, mb, acc, s0, e.u8x16(e.lin(t, 32), signed=True))
-        acc = _accumulate(e, mb, acc, s1, e.u8x16(e.lin(t, 32, 16), signed=True))
-        return acc, macc
-
-    acc, _ = _over_runs(e, mb, run, False)
-    _finish(e, mb, acc, None, 256)
 
 
 def _crumb_pairs(e: Emit, t, bit_plane: bool):

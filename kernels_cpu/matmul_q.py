@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
+from .matmul_ir import F16, F32, I16, I32, Emit, R, V, hsum8, register
 
 
 def _dot32(e: Emit, mb: int, pairs) -> list:
@@ -45,6 +45,20 @@ def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
             e.acc[i] = e.fma(a, t, e.acc[i])
 
 
+def _lanes(e: Emit, mb: int, pairs) -> None:
+    """llama.cpp's Q8_0-activation dot (vec_dot_*_q8_0 / tinyBLAS_Q0_AVX), lane for lane: per row 8 float
+    accumulators; lane l gets fma(d*dx, float(sum of elements 4l..4l+3), lane l) per block (mul_sum_i8_pairs_float
+    then _mm256_fmadd_ps), summed at the end by hsum_float_8. Integer sums are exact, so only this float order
+    matters; reproducing it gives llama.cpp's outputs bit for bit."""
+    d = e.f16x16(0)
+    for i in range(mb):
+        t = e.fmul(d, e.dxs(i))  # f16(x.d) * f16(y.d) in f32
+        acc = e.acc[i]
+        for ln in range(8):
+            s = e.madd(e.madd(e.zeros_i32(), pairs[2 * ln], i, 4 * ln), pairs[2 * ln + 1], i, 4 * ln + 2)
+            acc[ln] = e.fma(t, e.cvt32(s), acc[ln])
+
+
 def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
     """16 pair vectors (<32 x i16>, unsigned codes) from 8 nibble vectors [+ 16 u32 bit planes at 256]."""
     pairs = [None] * 16
@@ -60,15 +74,14 @@ def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
     return pairs
 
 
-@register(Q.Q8_0)
+@register(Q.Q8_0, lanes=8, reduce=hsum8)
 def _q8_0(e: Emit, mb: int) -> None:
-    pairs = [e.s16(e.wvec(32 * p)) for p in range(16)]
-    _finish(e, mb, _dot32(e, mb, pairs), False)
+    _lanes(e, mb, [e.s16(e.wvec(32 * p)) for p in range(16)])
 
 
-@register(Q.Q4_0)
+@register(Q.Q4_0, lanes=8, reduce=hsum8)
 def _q4_0(e: Emit, mb: int) -> None:
-    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 8, False)), False)
+    _lanes(e, mb, _nibble_pairs(e, 8, False))
 
 
 @register(Q.Q4_1)
@@ -76,9 +89,9 @@ def _q4_1(e: Emit, mb: int) -> None:
     _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 0, False)), True)
 
 
-@register(Q.Q5_0)
+@register(Q.Q5_0, lanes=8, reduce=hsum8)
 def _q5_0(e: Emit, mb: int) -> None:
-    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 16, True)), False)
+    _lanes(e, mb, _nibble_pairs(e, 16, True))
 
 
 @register(Q.Q5_1)
