@@ -15,8 +15,14 @@ Outputs (all next to this script):
 
 llama.cpp is configured for the most exact comparison: F32 K/V cache (type_k = type_v = GGML_TYPE_F32, so K/V are not
 rounded to f16), no flash attention, full-size SWA cache, no weight repacking (use_extra_bufts = False: plain GGUF
-layout, no AVX512/AMX repack), fixed seed, 2 threads, and the logits are read straight from
+layout, no AVX512/AMX repack), GGML_CPU_TILED_MM=0, fixed seed, 2 threads, and the logits are read straight from
 llama_get_logits_ith after llama_decode (no sampler, no repeat penalty).
+
+GGML_CPU_TILED_MM=0 is ggml-cpu's own switch for its batched k-quant matmul ("tiled", taken when a matmul has >= 8
+activation rows). That kernel rounds in another order than the per-row dot product (ggml_vec_dot_q*_K_q8_K) used for
+fewer rows, so by default llama.cpp's result for a token depends on how many tokens share its batch. edgellm is batch
+invariant (a row's result never depends on its neighbours) and follows the per-row dot products, so llama.cpp is
+asked for those everywhere; with it llama.cpp's prompt and decode rows use the same arithmetic, as edgellm's do.
 """
 
 from __future__ import annotations
@@ -26,12 +32,16 @@ import ctypes
 import hashlib
 import json
 import math
+import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+# Read once by ggml-cpu (std::call_once) when the first matmul runs: must be set before any llama.cpp compute.
+os.environ["GGML_CPU_TILED_MM"] = "0"
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/ for tiny_models
@@ -203,7 +213,7 @@ class Runner:
 
     def settings(self) -> dict:
         return dict(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, 512), use_extra_bufts=False,
-                    **LLAMA_KWARGS)
+                    GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM"), **LLAMA_KWARGS)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         # add_bos=True is llama_tokenize(add_special=True): BOS only if the vocab says add_bos_token
