@@ -283,6 +283,11 @@ def hsum8(e: Emit, a: list):
     return b.fadd(b.fadd(s[0], s[2]), b.fadd(s[1], s[3]))
 
 
+def hsum8_plus(e: Emit, a: list):
+    """llama.cpp's `hsum_float_8(acc) + summs`: 8 lanes, then a 9th accumulator (a scalar sum in llama.cpp)."""
+    return e.b.fadd(hsum8(e, a[:8]), a[8])
+
+
 def _tune(context, fn) -> None:
     """With AVX512-VNNI, tell LLVM that vpdpwssd is fast on this function: otherwise its machine combiner
     splits it into vpmaddwd + vpaddd, and the separate activation broadcasts then spill (~1.5x slower)."""

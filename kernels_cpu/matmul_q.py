@@ -12,51 +12,27 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F16, F32, I16, I32, Emit, R, V, hsum8, register
+from .matmul_ir import F16, F32, I16, I32, Emit, R, V, hsum8, hsum8_plus, register
 
 
-def _dot32(e: Emit, mb: int, pairs) -> list:
-    """Integer dot products of 16 weight pair vectors with each activation row: [<16 x i32>] * mb."""
-    nc = {1: 4, 2: 2}.get(mb, 1)  # few rows: split each row's chain of multiply-adds (integer: exact)
-    acc = [[e.zeros_i32()] * nc for _ in range(mb)]
-    for p, w in enumerate(pairs):
-        for i in range(mb):
-            acc[i][p % nc] = e.madd(acc[i][p % nc], w, i, 2 * p)
-    out = []
-    for a in acc:
-        while len(a) > 1:
-            a = [e.add(a[j], a[j + 1]) for j in range(0, len(a), 2)]
-        out.append(a[0])
-    return out
-
-
-def _finish(e: Emit, mb: int, acc, with_min: bool) -> None:
-    """facc += cvt(acc) * (d*dx)  [+ m * s], always in this order."""
+def _lanes(e: Emit, mb: int, pairs, with_min: bool = False) -> None:
+    """llama.cpp's dot product (vec_dot_*_q8_0 / tinyBLAS_Q0_AVX, vec_dot_q4_1_q8_1 / q5_1_q8_1), lane for lane:
+    per row 8 float accumulators; lane l gets fma(d*dx, float(sum of elements 4l..4l+3), lane l) per block
+    (mul_sum_i8_pairs_float / mul_sum_us8_pairs_float then _mm256_fmadd_ps), summed at the end by hsum_float_8.
+    with_min (block_q8_1 activations): a 9th accumulator is llama.cpp's scalar summs = fma(f16(x.m), y.s, summs),
+    added after the hsum. Integer sums are exact, so only this float order matters; reproducing it gives
+    llama.cpp's outputs bit for bit."""
     d = e.f16x16(0)
     m = e.f16x16(32) if with_min else None
-    for i in range(mb):
-        dxi = e.load(e.dx, e.elem_off(e.dxoff, e.dxstride, i, 0, 4), F32)
-        t = e.wide(e.fmul(d, e.splat(dxi, R)))  # d*dx in f32, like llama.cpp
-        a = e.cvt(acc[i])
-        if with_min:  # + m * s, s = the Q8_1 block sum (f16-rounded d*sum(xq), as llama.cpp's block_q8_1)
-            xs = e.wide(e.splat(e.load(e.bs, e.elem_off(e.bsoff, e.bsstride, i, 0, 4), F32), R))
-            e.acc[i] = e.fma(e.wide(m), xs, e.fma(a, t, e.acc[i]))
-        else:
-            e.acc[i] = e.fma(a, t, e.acc[i])
-
-
-def _lanes(e: Emit, mb: int, pairs) -> None:
-    """llama.cpp's Q8_0-activation dot (vec_dot_*_q8_0 / tinyBLAS_Q0_AVX), lane for lane: per row 8 float
-    accumulators; lane l gets fma(d*dx, float(sum of elements 4l..4l+3), lane l) per block (mul_sum_i8_pairs_float
-    then _mm256_fmadd_ps), summed at the end by hsum_float_8. Integer sums are exact, so only this float order
-    matters; reproducing it gives llama.cpp's outputs bit for bit."""
-    d = e.f16x16(0)
     for i in range(mb):
         t = e.fmul(d, e.dxs(i))  # f16(x.d) * f16(y.d) in f32
         acc = e.acc[i]
         for ln in range(8):
             s = e.madd(e.madd(e.zeros_i32(), pairs[2 * ln], i, 4 * ln), pairs[2 * ln + 1], i, 4 * ln + 2)
             acc[ln] = e.fma(t, e.cvt32(s), acc[ln])
+        if with_min:  # bs holds y.s as float32 at the block's even column
+            ys = e.splat(e.load(e.bs, e.elem_off(e.bsoff, e.bsstride, i, 0, 4), F32), R)
+            acc[8] = e.fma(m, ys, acc[8])
 
 
 def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
@@ -84,9 +60,9 @@ def _q4_0(e: Emit, mb: int) -> None:
     _lanes(e, mb, _nibble_pairs(e, 8, False))
 
 
-@register(Q.Q4_1)
+@register(Q.Q4_1, lanes=9, reduce=hsum8_plus)
 def _q4_1(e: Emit, mb: int) -> None:
-    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 0, False)), True)
+    _lanes(e, mb, _nibble_pairs(e, 0, False), with_min=True)
 
 
 @register(Q.Q5_0, lanes=8, reduce=hsum8)
@@ -94,9 +70,9 @@ def _q5_0(e: Emit, mb: int) -> None:
     _lanes(e, mb, _nibble_pairs(e, 16, True))
 
 
-@register(Q.Q5_1)
+@register(Q.Q5_1, lanes=9, reduce=hsum8_plus)
 def _q5_1(e: Emit, mb: int) -> None:
-    _finish(e, mb, _dot32(e, mb, _nibble_pairs(e, 0, True)), True)
+    _lanes(e, mb, _nibble_pairs(e, 0, True), with_min=True)
 
 
 # -- float formats: qs holds 32 k-values x 16 rows (row fastest); activations are float32 ----------------------

@@ -116,24 +116,19 @@ def test_matmul_matches_reference(qt):
         check(qt, 5, 40, [1, 3], rng)  # K not a multiple of 32 (zero-padded)
 
 
-# Types whose kernels reproduce llama.cpp's dot product lane for lane (the others sum in another order: ~1e-7).
-LLAMACPP_EXACT = (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
 DOT_GOLDEN = np.load(Path(__file__).parent / "golden" / "dot_golden.npz")
 
 
 @pytest.mark.parametrize("qt", tuple(F16_FIELDS), ids=lambda q: q.name)
 def test_matmul_equals_llama_cpp_dot(qt):
     """llama.cpp's own quantize_row_q8_* + ggml_vec_dot_* outputs (tests/golden/make_dot_golden.py): bit for bit
-    for LLAMACPP_EXACT, within float rounding for the rest. Also for M = 1 (decode) and threaded."""
+    for every quantized type (each kernel sums in llama.cpp's lane order). Also for M = 1 (decode) and threaded."""
     w, x, y = (DOT_GOLDEN[f"{qt.name}_{a}"] for a in "wxy")
     pw = prepare_weight(w, qt, (w.shape[0], x.shape[1]))
     got = matmul(x, pw)
     one = np.concatenate([matmul(x[i:i + 1], pw) for i in range(len(x))])
     np.testing.assert_array_equal(one, got)
-    if qt in LLAMACPP_EXACT:
-        np.testing.assert_array_equal(got, y)
-    else:
-        np.testing.assert_allclose(got, y, rtol=0, atol=1e-6 * np.abs(y).max())
+    np.testing.assert_array_equal(got, y)
 
 
 @pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda q: q.name)
