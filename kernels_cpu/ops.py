@@ -1,11 +1,17 @@
-"""Element-wise ops: rmsnorm, rope, activations. Arithmetic follows ggml's CPU ops (sums in double,
-rope angles by repeated float32 multiplication) so results track llama.cpp closely."""
+"""Element-wise ops: rmsnorm, rope, activations, and ggml's vectorised expf. Arithmetic follows ggml's CPU ops
+operation for operation (sums in double, rope angles by repeated float32 multiplication, glibc's cosf/sinf/powf,
+the fused multiply-adds GCC contracts), so results are bit-identical to llama.cpp's."""
 from __future__ import annotations
 
 import math
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from kernels_cpu._jit import jit
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -33,32 +39,119 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return out.reshape(shape)
 
 
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """float32 a * b + c with one rounding (llvm.fma.f32: vfmadd on FMA hosts)."""
+    def codegen(context, builder, signature, args):
+        f32, mod = ir.FloatType(), builder.module
+        fn = mod.globals.get("llvm.fma.f32") or ir.Function(mod, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fn, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _pow2_f64(typingctx, n):
+    """2.0**n as float64 for an int64 n in the normal range (built from the exponent bits)."""
+    def codegen(context, builder, signature, args):
+        bits = builder.shl(builder.add(args[0], ir.Constant(ir.IntType(64), 1023)), ir.Constant(ir.IntType(64), 52))
+        return builder.bitcast(bits, ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+# ggml_v_expf constants (ggml-cpu/vec.h, "adapted from arm limited optimized routine")
+_F = np.float32
+EXP_SHIFT = _F(float.fromhex("0x1.8p23"))
+EXP_LOG2E = _F(float.fromhex("0x1.715476p+0"))
+EXP_LN2_HI = _F(float.fromhex("0x1.62e4p-1"))
+EXP_LN2_LO = _F(float.fromhex("0x1.7f7d1cp-20"))
+EXP_C1 = _F(float.fromhex("0x1.ffffecp-1"))
+EXP_C2 = _F(float.fromhex("0x1.fffdb6p-2"))
+EXP_C3 = _F(float.fromhex("0x1.555e66p-3"))
+EXP_C4 = _F(float.fromhex("0x1.573e2ep-5"))
+EXP_C5 = _F(float.fromhex("0x1.0e4020p-7"))
+
+
+@jit
+def ggml_expf(x):
+    """One lane of ggml_v_expf (the AVX512F+DQ variant ggml_vec_soft_max_f32 uses), operation for operation:
+    n = round(x*log2e) by the 1.5*2^23 shift trick, b = x - n*ln2 in two fnmadds, a degree-5 polynomial in
+    fmas, res = scalef(j, n) (= j*2^n rounded once, done exactly in double); lanes with |n| > 192 become
+    0 (n <= 0) or inf."""
+    z = fma32(x, EXP_LOG2E, EXP_SHIFT)
+    n = z - EXP_SHIFT
+    b = fma32(-n, EXP_LN2_LO, fma32(-n, EXP_LN2_HI, x))
+    if abs(n) > np.float32(192.0):
+        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
+    if n != n:
+        return n  # NaN in, NaN out
+    u = b * b
+    j = fma32(fma32(fma32(EXP_C5, b, EXP_C4), u, fma32(EXP_C3, b, EXP_C2)), u, fma32(EXP_C1, b, np.float32(1.0)))
+    return np.float32(np.float64(j) * _pow2_f64(np.int64(n)))
+
+
+@jit
+def _expf_array(out, x):
+    for i in range(x.size):
+        out[i] = ggml_expf(x[i])
+
+
+def expf(x: np.ndarray) -> np.ndarray:
+    """ggml_v_expf element-wise on a float32 array (for tests and NumPy callers)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    _expf_array(out.reshape(-1), x.reshape(-1))
+    return out
+
+
+@jit
+def _rope_tables(cos, sin, positions, base, scale):
+    # cos, sin: (T, n_dims/2)  positions: (T,). ggml_rope_cache_init: theta_scale = powf(base, -2.0f/n_dims);
+    # theta starts at (float)p and is multiplied by theta_scale once per pair; cosf/sinf of freq_scale*theta
+    # (llvm.cos/sin.f32 call glibc's cosf/sinf, as llama.cpp's build does)
+    half = cos.shape[1]
+    theta_scale = np.float32(math.pow(base, np.float32(-2.0) / np.float32(2 * half)))
+    for t in range(len(positions)):
+        theta = np.float32(positions[t])
+        for i in range(half):
+            ang = scale * theta
+            cos[t, i] = math.cos(ang)
+            sin[t, i] = math.sin(ang)
+            theta = theta * theta_scale
+
+
 def rope_tables(positions: np.ndarray, n_dims: int, base: float, scale: float = 1.0):
     """cos/sin tables (T, n_dims/2) as ggml_rope_cache_init computes them (float32 angle recurrence)."""
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
-    theta = positions.astype(np.float32)
     cos = np.empty((len(positions), n_dims // 2), dtype=np.float32)
     sin = np.empty_like(cos)
-    for i in range(n_dims // 2):
-        ang = np.float32(scale) * theta
-        cos[:, i] = np.cos(ang)
-        sin[:, i] = np.sin(ang)
-        theta = theta * theta_scale
+    _rope_tables(cos, sin, np.ascontiguousarray(positions, dtype=np.int64), np.float32(base), np.float32(scale))
     return cos, sin
+
+
+@jit
+def _apply_rope(x, cos, sin, neox):
+    # x: (T, H, hd) in place; cos, sin: (T, half). ggml's rotate_pairs: x0*cos - x1*sin and x0*sin + x1*cos,
+    # which GCC contracts to fma(x0, cos, -(x1*sin)) and fma(x0, sin, x1*cos) (checked against llama.cpp)
+    T, H, _ = x.shape
+    half = cos.shape[1]
+    for t in range(T):
+        for h in range(H):
+            for i in range(half):
+                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                c, s = cos[t, i], sin[t, i]
+                x0, x1 = x[t, h, i0], x[t, h, i1]
+                x[t, h, i0] = fma32(x0, c, -(x1 * s))
+                x[t, h, i1] = fma32(x0, s, x1 * c)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, neox: bool) -> np.ndarray:
     """Rotate x (T, H, hd) in place by per-row tables (T, hd/2): NeoX halves or adjacent pairs."""
-    c, s = cos[:, None, :], sin[:, None, :]
-    half = cos.shape[1]
-    if neox:
-        x0, x1 = x[..., :half].copy(), x[..., half:2 * half].copy()
-        x[..., :half] = x0 * c - x1 * s
-        x[..., half:2 * half] = x0 * s + x1 * c
-    else:
-        x0, x1 = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
-        x[..., 0:2 * half:2] = x0 * c - x1 * s
-        x[..., 1:2 * half:2] = x0 * s + x1 * c
+    cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
+    if x.dtype == np.float32 and x.flags.c_contiguous:
+        _apply_rope(x, cos, sin, neox)
+    else:  # a strided view: rotate a contiguous copy and write it back
+        y = np.ascontiguousarray(x, dtype=np.float32)
+        _apply_rope(y, cos, sin, neox)
+        x[...] = y
     return x
 
 

@@ -41,24 +41,13 @@ def _divergences(greedy_outputs):
     return out
 
 
-# Known gap (issue 2, open): llama.cpp rounds every matmul input to int8 (Q8_0 / Q8_K blocks). Our kernels use
-# the same rounding, but last-bit differences in float summation order (llama.cpp's SIMD lane accumulators, its
-# vectorized expf in softmax) push values across rounding boundaries and the flips compound over 18 layers:
-# logits differ by up to ~0.4, so greedy text parts from llama.cpp's after steps whose top-2 gap is < 0.4,
-# not only after near-ties (< 1e-3). Matching to 1e-3 needs bit-exact emulation of those SIMD orders.
-@pytest.mark.xfail(strict=True, reason="divergences after non-near-ties; see the comment above")
+# Our kernels reproduce llama.cpp's arithmetic operation for operation (int8 activation rounding, its SIMD lane
+# order in every dot product, its expf / tanh / rope, its attention sums): greedy continuations are equal token
+# for token. The acceptance still allows a divergence right after a near-tie, so that is what is checked.
 def test_greedy_matches_llamacpp_up_to_near_ties(greedy_outputs):
     assert len(GREEDY["prompts"]) >= 10
     bad = [d for d in _divergences(greedy_outputs) if d[2] >= GREEDY["near_tie"]]
     assert not bad, bad
-
-
-def test_greedy_never_disagrees_on_a_confident_choice(greedy_outputs):
-    """Regression guard at the level reached: every divergence starts where llama.cpp's own top-2 logits are
-    within 0.5 (the int8-activation noise band measured on this model), never on a clear choice."""
-    div = _divergences(greedy_outputs)
-    assert all(gap < 0.5 for _, _, gap in div), div
-    assert len(div) < len(GREEDY["prompts"])  # some prompts match llama.cpp token for token over 48 steps
 
 
 def test_greedy_cli_matches_api(greedy_outputs, default_model):
@@ -84,7 +73,7 @@ def test_perplexity_matches_llamacpp(gemma_llm):
     mad = float(np.mean(np.abs(np.asarray(res.nll) - np.asarray(PPL["nll"]))))
     print(f"ppl {res.ppl:.4f} vs llama.cpp {PPL['ppl']:.4f} (rel {rel:.2e}); mean |dNLL| {mad:.4f}")
     assert rel <= 0.01
-    assert mad <= 0.1  # acceptance asks 0.05; measured 0.08 (int8-activation flips, see above); float vs int8 is 0.076
+    assert mad <= 0.05  # measured ~1e-8: the same arithmetic as llama.cpp
     assert math.isclose(res.ppl, math.exp(np.mean(res.nll)), rel_tol=1e-9)
 
 
@@ -103,22 +92,6 @@ def kv_ppl(gemma_llm):
     return p32, p16
 
 
-def test_f16_kv_perplexity_within_one_percent(kv_ppl):
-    p32, p16 = kv_ppl
-    assert abs(p16 - p32) / p32 <= 0.01
-
-
-# Measured -0.61% (bf16: -0.69%): on this 270M model any perturbation moves the 762-token perplexity by ~0.5%
-# through int8 activation-rounding flips (f32 vs exact-float activations alone moves it 0.6%).
-@pytest.mark.xfail(strict=True, reason="f16 KV perplexity differs by 0.61% (issue 4 asks <= 0.5%)")
 def test_f16_kv_perplexity_within_half_percent(kv_ppl):
     p32, p16 = kv_ppl
     assert abs(p16 - p32) / p32 <= 0.005
-
-
-@pytest.mark.xfail(strict=True, reason="per-token NLL differs by ~0.08 nats on average (issue 2 asks <= 0.05)")
-def test_perplexity_nll_within_005_nats(gemma_llm):
-    from edgellm.perplexity import perplexity
-
-    res = perplexity(gemma_llm, (GOLDEN / PPL["text_file"]).read_text(), n_ctx=PPL["n_ctx"])
-    assert float(np.mean(np.abs(np.asarray(res.nll) - np.asarray(PPL["nll"])))) <= 0.05

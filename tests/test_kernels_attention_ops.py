@@ -1,6 +1,9 @@
 """Paged attention and element-wise ops against their NumPy twins."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import ggml_ref
 import numpy as np
 import pytest
 
@@ -43,9 +46,53 @@ def test_attention_rows_batch_invariant():
     v = rng.normal(size=(30, 1, 32)).astype(np.float32)
     kc, vc, bt = _paged(k, v, 16, rng)
     q = rng.normal(size=(30, 4, 32)).astype(np.float32)
-    full = paged_attention(q, kc, vc, np.arange(30), np.zeros(30, np.int64), bt, scale=0.1)
-    one = paged_attention(q[29:], kc, vc, np.array([29]), np.zeros(1, np.int64), bt, scale=0.1)
-    np.testing.assert_array_equal(full[29:], one)
+    att = lambda rows, pos, seq, bts: paged_attention(q[rows], kc, vc, np.array(pos), np.array(seq), bts, scale=0.1)  # noqa: E731
+    full = att(slice(None), np.arange(30), np.zeros(30, np.int64), bt)
+    # a prefill row does not depend on how many rows of its sequence share the call (2 or 30)
+    np.testing.assert_array_equal(full[28:], att(slice(28, 30), [28, 29], [0, 0], bt))
+    # nor on other sequences' rows: sequence 1 (same cache) decodes position 29 next to sequence 0's chunk
+    two = np.concatenate([bt, bt])
+    mixed = att([20, 21, 22, 29], [20, 21, 22, 29], [0, 0, 0, 1], two)
+    np.testing.assert_array_equal(mixed[:3], full[20:23])
+    np.testing.assert_array_equal(mixed[3:], att([29], [29], [0], bt))
+    # a sequence's single row (a decode step) sums P @ V like llama.cpp's one-token batch: another order
+    assert not np.array_equal(mixed[3:], full[29:])
+    np.testing.assert_allclose(mixed[3:], full[29:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("H,KVH,hd,window,softcap", [(4, 1, 256, 0, 0.0), (4, 2, 64, 5, 0.0), (2, 2, 48, 0, 30.0),
+                                                     (8, 4, 16, 7, 0.0)])
+@pytest.mark.parametrize("P", [1, 17, 70])
+def test_paged_attention_is_ggml_order(H, KVH, hd, window, softcap, P):
+    """Bit for bit the NumPy twin of llama.cpp's float operations (tests/ggml_ref.py), prefill and decode rows."""
+    rng = np.random.default_rng(P * 7 + H + hd)
+    k = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    q = (rng.normal(size=(P, H, hd)) * 3).astype(np.float32)
+    kc, vc, bt = _paged(k, v, 16, rng)
+    kw = dict(window=window, scale=hd ** -0.5, softcap=softcap)
+    rows = np.arange(max(0, P - 9), P)
+    if len(rows) > 1:  # a prefill chunk
+        got = paged_attention(q[rows], kc, vc, rows, np.zeros(len(rows), np.int64), bt, **kw)
+        np.testing.assert_array_equal(got, ggml_ref.attention(q[rows], k, v, rows, single=False, **kw))
+    last = rows[-1:]  # a decode step
+    got = paged_attention(q[last], kc, vc, last, np.zeros(1, np.int64), bt, **kw)
+    np.testing.assert_array_equal(got, ggml_ref.attention(q[last], k, v, last, single=True, **kw))
+
+
+def test_attention_is_llama_cpps():
+    """Gemma 3 layer 0 in llama.cpp (tests/golden/attention_ops.npz): prefill rows and a decode step, bit for bit."""
+    g = np.load(Path(__file__).parent / "golden" / "attention_ops.npz")
+    k, v, q, pos, want = g["attn_k"][:, None], g["attn_v"][:, None], g["attn_q"], g["attn_pos"], g["attn_out"]
+    rng = np.random.default_rng(9)
+    kc, vc, bt = _paged(k, v, 16, rng)
+    kw = dict(window=512, scale=float(g["attn_scale"]))
+    pre = paged_attention(q[:-1], kc, vc, pos[:-1], np.zeros(len(pos) - 1, np.int64), bt, **kw)  # rows of a prefill
+    dec = paged_attention(q[-1:], kc, vc, pos[-1:], np.zeros(1, np.int64), bt, **kw)  # the decode step
+    np.testing.assert_array_equal(pre.view(np.uint32), want[:-1].view(np.uint32))
+    np.testing.assert_array_equal(dec.view(np.uint32), want[-1:].view(np.uint32))
+    np.testing.assert_array_equal(ggml_ref.attention(q[:-1], k, v, pos[:-1], single=False, **kw), want[:-1])
+    np.testing.assert_array_equal(ggml_ref.attention(q[-1:], k, v, pos[-1:], single=True, **kw), want[-1:])
 
 
 def test_attention_rejects_bad_block_table():

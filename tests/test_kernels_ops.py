@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
+import ggml_ref
 import numpy as np
 
-from kernels_cpu.ops import GELU_F16, geglu
+from kernels_cpu.ops import GELU_F16, apply_rope, expf, geglu, rope_tables
 
 # sha256 of ggml_table_gelu_f16 (libggml-cpu of llama-cpp-python 0.3.36, x86-64) at the finite f16 inputs, read
 # from the library after ggml_cpu_init(); non-finite inputs never index the table (ggml_vec_geglu_f32 handles
@@ -35,3 +37,61 @@ def test_geglu_uses_table_and_cutoffs():
     want[0, :2] = 0.0  # x <= -10: 0
     want[0, 5:] = gate[0, 5:] * up[0, 5:]  # x >= 10: x * up
     np.testing.assert_array_equal(got, want)
+
+
+# --- ggml_v_expf and rope: bit-exact against llama.cpp (tests/golden/attention_ops.npz, make_attention_golden.py)
+
+GOLDEN = np.load(Path(__file__).parent / "golden" / "attention_ops.npz")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def test_expf_is_ggmls():
+    x, want = GOLDEN["expf_x"], GOLDEN["expf_y"]
+    np.testing.assert_array_equal(_bits(expf(x)), _bits(want))
+    np.testing.assert_array_equal(_bits(ggml_ref.expf(x)), _bits(want))
+    # ggml_vec_soft_max_f32's sum: a reduce_add per 16 lanes, added in double
+    part = ggml_ref.tree16(want.reshape(-1, 4, 16)).astype(np.float64)
+    np.testing.assert_array_equal(((part[:, 0] + part[:, 1]) + part[:, 2]) + part[:, 3], GOLDEN["expf_sum"])
+
+
+def test_expf_matches_numpy_twin_everywhere():
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.uniform(-120, 100, 100_000), -rng.exponential(2.0, 100_000),
+                        rng.normal(0, 1e-3, 10_000)]).astype(np.float32)
+    edges = np.float32([-np.inf, np.inf, 0.0, -0.0, 88.72, 88.73, -87.33, -103.97, -104.0, -150.0])
+    x = np.concatenate([x, edges, np.nextafter(edges, np.float32(0))])
+    np.testing.assert_array_equal(_bits(expf(x)), _bits(ggml_ref.expf(x)))
+    assert np.isnan(expf(np.float32([np.nan])))[0]
+    y = x[100_000:110_000]  # softmax inputs (<= 0, not subnormal results): ~2 ulp from exp
+    np.testing.assert_allclose(expf(y), np.exp(y.astype(np.float64)), rtol=3e-7)
+
+
+def test_rope_is_ggmls():
+    pos = GOLDEN["rope_pos"]
+    for layer, base in ((0, 10000.0), (5, 1e6)):  # Gemma 3: local layers base 1e4, global 1e6
+        cos, sin = rope_tables(pos, 256, base)
+        x = GOLDEN[f"rope_in_{layer}"].copy()[:, None, :]  # (R, 1, 256)
+        apply_rope(x, cos, sin, neox=True)
+        np.testing.assert_array_equal(_bits(x[:, 0]), _bits(GOLDEN[f"rope_out_{layer}"]))
+
+
+def test_rope_fma_order():
+    # rotate_pairs' x0*cos - x1*sin / x0*sin + x1*cos as GCC contracts them: fma(x0, cos, -(x1*sin)), fma(x0, sin,
+    # x1*cos); strided input works too
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(5, 3, 32)).astype(np.float32)
+    cos, sin = rope_tables(np.arange(5) * 37, 32, 10000.0)
+    for neox in (True, False):
+        got = apply_rope(x.copy(), cos, sin, neox=neox)
+        i0, i1 = (np.arange(16), np.arange(16) + 16) if neox else (np.arange(0, 32, 2), np.arange(1, 32, 2))
+        c, s = cos[:, None, :], sin[:, None, :]
+        want = x.copy()
+        want[..., i0] = ggml_ref.fma32(x[..., i0], c, -(x[..., i1] * s))
+        want[..., i1] = ggml_ref.fma32(x[..., i0], s, x[..., i1] * c)
+        np.testing.assert_array_equal(got, want)
+        big = np.zeros((5, 3, 64), np.float32)
+        big[..., ::2] = x
+        np.testing.assert_array_equal(apply_rope(big[..., ::2], cos, sin, neox=neox), want)

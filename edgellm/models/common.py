@@ -18,7 +18,9 @@ class ForwardBatch:
 
     tokens, positions, row_seq: (T,) — token id, its position in its sequence, the sequence's index;
     block_tables: (S, MB) int32 — per sequence, the KV block holding positions [i*BS, (i+1)*BS);
-    logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence).
+    logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence);
+    decode_rows: (T,) bool or None — rows whose attention sums P @ V in llama.cpp's one-token order (generated
+    tokens fed back); None: rows alone in their sequence (see kernels_cpu.attention.paged_attention).
     """
 
     tokens: np.ndarray
@@ -26,6 +28,7 @@ class ForwardBatch:
     row_seq: np.ndarray
     block_tables: np.ndarray
     logit_rows: np.ndarray
+    decode_rows: np.ndarray | None = None
 
     @classmethod
     def single(cls, tokens, start: int, block_table, *, all_logits: bool = False) -> "ForwardBatch":
@@ -69,7 +72,7 @@ def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: 
     slots = batch.block_tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
     kv.write(layer, slots, k, v)
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, batch.block_tables,
-                          window=window, scale=scale, softcap=softcap)
+                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows)
     return out.reshape(len(q), -1)
 
 
