@@ -2,14 +2,13 @@
 running request forward by one forward pass."""
 from __future__ import annotations
 
-
-
 from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.kv_cache import PagedKVCache
 from edgellm.engine.prefix_tree import PrefixTree
 from edgellm.engine.request import Request, history_array
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.swa import slots_needed
 from edgellm.errors import ContextOverflowError
 from edgellm.sampling import SamplingParams, token_logprobs
 from edgellm.structured import MaskWorker
@@ -21,16 +20,25 @@ class Engine:
     """Continuous-batching engine over one loaded model. Not thread-safe by itself: one thread steps it."""
 
     def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
-                 max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE, kv_dtype: str = "f32"):
+                 max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE, kv_dtype: str = "f32",
+                 swa_slots: int | None = None):
+        """swa_slots: blocks of K/V kept by sliding-window layers (None: enough for max_batch windows, see
+        engine/swa.py; 0: keep every block, like llama.cpp's --swa-full)."""
         self.loaded, self.model = loaded, model
         self._tokenizer = tokenizer  # a Tokenizer, or a zero-argument function building it on first use
         self.ctx_size = ctx_size
         kv_tokens = kv_cache_tokens or ctx_size
         n_blocks = -(-kv_tokens // block_size)
         self.block_size = block_size
-        self.kv = PagedKVCache(loaded.config, n_blocks, block_size, kv_dtype=kv_dtype)
+        cfg = loaded.config
+        if swa_slots is None and cfg.sliding_window:
+            swa_slots = slots_needed(max_batch, cfg.sliding_window, block_size, token_budget)
+        swa = swa_slots or None
+        self.kv = PagedKVCache(cfg, n_blocks, block_size, kv_dtype=kv_dtype, swa_slots=swa)
         self.pool = BlockPool(n_blocks)
         self.prefix = PrefixTree(self.pool, block_size)
+        if self.kv.windows is not None:  # a cached prefix is only as long as its sliding-window K/V reaches
+            self.prefix.usable = self.kv.windows.usable_prefix
         self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget,
                                    prefix_cache=self.prefix)
         self.runner = ModelRunner(model, self.kv)
@@ -87,6 +95,8 @@ class Engine:
         # grammar masks for this step are computed on a worker thread while the forward runs (both drop the GIL)
         masks = self.masks.start([it.request.matcher for it in items if it.request.matcher is not None
                                   and it.request.n_computed + it.n_new == it.request.n_tokens])
+        if self.kv.windows is not None:
+            self.kv.windows.pin_running(self.scheduler.running)
         logits = self.runner.run(items)
         self.masks.wait(masks)
         touched = []
@@ -133,4 +143,5 @@ class Engine:
             "prefix_tree_blocks": len(self.prefix),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
+            **(self.kv.windows.stats() if self.kv.windows is not None else {}),
         }

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgellm.engine.swa import WindowSlots
 from edgellm.loader import ModelConfig
 
 
@@ -29,26 +30,40 @@ ENCODE = {"f16": to_f16_bits, "bf16": to_bf16_bits}
 class PagedKVCache:
     """Block-paged K/V storage shared by all sequences; which block belongs to whom is the BlockPool's job.
 
-    kv_dtype "f32" (default), "f16" or "bf16" (half the memory; the attention kernel widens them on the fly)."""
+    kv_dtype "f32" (default), "f16" or "bf16" (half the memory; the attention kernel widens them on the fly).
+    swa_slots: if set (models with sliding-window layers), those layers keep K/V in swa_slots + 1 slots managed
+    by a WindowSlots (engine/swa.py) instead of one entry per block."""
 
-    def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, kv_dtype: str = "f32"):
+    def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, kv_dtype: str = "f32",
+                 swa_slots: int | None = None):
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}")
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
         self.n_blocks, self.block_size = n_blocks, block_size
-        shape_k = (n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        shape_v = (n_blocks, block_size, cfg.n_kv_heads, cfg.v_head_dim)
-        self.k = [np.zeros(shape_k, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [np.zeros(shape_v, dtype=dtype) for _ in range(cfg.n_layers)]
+        trim = bool(swa_slots) and cfg.sliding_window > 0 and swa_slots < n_blocks
+        self.windows = WindowSlots(n_blocks, swa_slots, block_size, cfg.sliding_window) if trim else None
+        self.trimmed = tuple(trim and local for local in cfg.swa_layers)  # per layer: K/V indexed by slot
+        rows = [swa_slots + 1 if t else n_blocks for t in self.trimmed]
+        self.k = [np.zeros((n, block_size, cfg.n_kv_heads, cfg.head_dim), dtype=dtype) for n in rows]
+        self.v = [np.zeros((n, block_size, cfg.n_kv_heads, cfg.v_head_dim), dtype=dtype) for n in rows]
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     def layer(self, i: int):
-        """(K, V) arrays of layer i: (NB, BS, KVH, hd) each."""
+        """(K, V) arrays of layer i: (NB, BS, KVH, hd) each (NB = slots + 1 for a trimmed layer)."""
         return self.k[i], self.v[i]
+
+    def tables(self, i: int, batch) -> np.ndarray:
+        """Block tables of the batch as layer i indexes its K/V: block ids, or slots for a trimmed layer
+        (computed once per batch: the first trimmed layer assigns the slots of this step's new blocks)."""
+        if not self.trimmed[i]:
+            return batch.block_tables
+        if batch.slot_tables is None:
+            batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
+        return batch.slot_tables
 
     def write(self, i: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""

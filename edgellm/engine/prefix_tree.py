@@ -26,6 +26,7 @@ class PrefixTree:
         self.root = Node((), -1, None)
         self.by_block: dict[int, Node] = {}
         self.hit_tokens = 0  # total prompt tokens served from the tree
+        self.usable = None  # optional: blocks -> how many leading ones can be reused (sliding-window K/V)
         pool.on_evict = self.evict
 
     # -- public API ---------------------------------------------------------------------------------
@@ -80,6 +81,8 @@ class PrefixTree:
         """Reuse the longest cached prefix of req's tokens (always leaving >= 1 token to compute)."""
         ids = req.all_ids
         blocks = self.match(ids, max_blocks=(len(ids) - 1) // self.bs)
+        if blocks and self.usable is not None:
+            blocks = blocks[:self.usable(blocks)]
         if blocks:
             self.pool.touch(blocks)
         req.block_table = list(blocks)

@@ -24,7 +24,8 @@ class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, *, max_batch: int = 8, token_budget: int = 512,
                  prefill_chunk: int = 256, prefix_cache=None):
         self.pool, self.bs = pool, block_size
-        self.max_batch, self.token_budget, self.chunk = max_batch, token_budget, prefill_chunk
+        # a chunk never exceeds the step budget, or a prompt could never start
+        self.max_batch, self.token_budget, self.chunk = max_batch, token_budget, min(prefill_chunk, token_budget)
         self.prefix = prefix_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

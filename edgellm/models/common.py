@@ -19,6 +19,7 @@ class ForwardBatch:
     tokens, positions, row_seq: (T,) — token id, its position in its sequence, the sequence's index;
     block_tables: (S, MB) int32 — per sequence, the KV block holding positions [i*BS, (i+1)*BS);
     logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence);
+    slot_tables: (S, MB) — block_tables as trimmed sliding-window layers index their K/V (set by the KV cache);
     decode_rows: (T,) bool or None — rows whose attention sums P @ V in llama.cpp's one-token order (generated
     tokens fed back); None: rows alone in their sequence (see kernels_cpu.attention.paged_attention).
     """
@@ -28,6 +29,7 @@ class ForwardBatch:
     row_seq: np.ndarray
     block_tables: np.ndarray
     logit_rows: np.ndarray
+    slot_tables: np.ndarray | None = None
     decode_rows: np.ndarray | None = None
 
     @classmethod
@@ -68,10 +70,11 @@ class Weights:
 def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float):
     """Write this step's K/V (T, KVH, hd) into the paged cache, then attend. Returns (T, H*vd)."""
     kc, vc = kv.layer(layer)
+    tables = kv.tables(layer, batch)  # (S, MB) block ids, or slots for a trimmed sliding-window layer
     bs = kc.shape[1]
-    slots = batch.block_tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
+    slots = tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
     kv.write(layer, slots, k, v)
-    out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, batch.block_tables,
+    out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
                           window=window, scale=scale, softcap=softcap, single=batch.decode_rows)
     return out.reshape(len(q), -1)
 

@@ -1,0 +1,107 @@
+"""Sliding-window trimming of the KV cache: local-attention layers (Gemma 3: 5 of every 6) keep K/V only for
+the blocks some query can still attend to, in a smaller array indexed by *slot*.
+
+Global layers index their K/V by block id. For a local layer, slot[b] is the slot that holds block b's K/V
+(0 = none: slot 0 is a zero block that is never written, so a table entry pointing at it is safe to read; the
+window mask hides it anyway). Each step pins the blocks that running requests can still attend to (their last
+`window - 1` positions) and the blocks this step's rows attend to or write; every other slot is a cache (its
+block may come back through a prefix-tree match) and is reused least recently used first. A prefix match is
+cut back to where all the local K/V its first query needs is still present.
+
+With n_slots = ~max_batch windows, memory for local layers no longer grows with the context: Gemma 3 at a
+32k context keeps ~5k tokens of local K/V instead of 32k.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+def slots_needed(max_batch: int, window: int, block_size: int, token_budget: int) -> int:
+    """Slots that the pinned blocks of one step can need at most: per running request its window plus the
+    block it writes into and one partial block, plus the blocks of this step's new tokens."""
+    return max_batch * (-(-window // block_size) + 3) + -(-token_budget // block_size)
+
+
+class WindowSlots:
+    """block -> slot map of the local (sliding-window) layers, with pinning and LRU reuse."""
+
+    def __init__(self, n_blocks: int, n_slots: int, block_size: int, window: int):
+        if n_slots <= 0 or window <= 0:
+            raise ValueError("n_slots and window must be positive")
+        self.n_slots, self.bs, self.window = n_slots, block_size, window
+        self.slot = np.zeros(n_blocks, dtype=np.int64)  # (NB,) block -> slot, 0 = no local K/V
+        self.owner = np.full(n_slots + 1, -1, dtype=np.int64)  # (n_slots + 1,) slot -> block, -1 = free
+        self._lru: OrderedDict[int, None] = OrderedDict((s, None) for s in range(1, n_slots + 1))  # unpinned
+        self._running: dict[int, None] = {}  # blocks pinned for the running requests (set by pin_running)
+        self.reused = 0  # slots taken from another block (its local K/V dropped)
+
+    # -- pins -----------------------------------------------------------------------------------------
+    def _window_blocks(self, table, first_query: int, end: int) -> list[int]:
+        """Blocks of `table` holding positions a query at >= first_query can see, up to position end - 1."""
+        lo = max(0, first_query - self.window + 1)
+        if end <= lo:
+            return []
+        return [int(b) for b in table[lo // self.bs:(end - 1) // self.bs + 1] if b >= 0]
+
+    def pin_running(self, requests) -> None:
+        """Pin, for every running request, the blocks its next query can attend to."""
+        pins: dict[int, None] = {}
+        for r in requests:
+            pins.update(dict.fromkeys(self._window_blocks(r.block_table, r.n_computed, r.n_computed)))
+        self._running = pins
+
+    def tables(self, block_tables: np.ndarray, positions: np.ndarray, row_seq: np.ndarray) -> np.ndarray:
+        """Slot tables (S, MB) for one forward: gives a slot to every block this step writes and checks that
+        every block its rows can attend to still has its local K/V. Entries -1 stay -1."""
+        pinned, new = dict(self._running), []  # ordered: slots go back to the LRU queue in this order
+        for s in np.unique(row_seq):
+            pos = positions[row_seq == s]
+            first, end = int(pos.min()), int(pos.max()) + 1
+            for b in self._window_blocks(block_tables[s], first, end):
+                pinned[b] = None
+                if self.slot[b] == 0 or self.owner[self.slot[b]] != b:
+                    new.append(b)
+            # blocks holding positions < first that these rows see must still have them: never read lost K/V
+            for b in self._window_blocks(block_tables[s], first, first):
+                if b in new:
+                    raise RuntimeError(f"sliding-window K/V of block {b} was dropped while still needed")
+        for b in pinned:  # pinned slots leave the LRU queue for this step
+            s = int(self.slot[b])
+            if s and self.owner[s] == b:
+                self._lru.pop(s, None)
+        for b in dict.fromkeys(new):
+            self._assign(b)
+        for b in pinned:  # back to the queue as the most recently used
+            s = int(self.slot[b])
+            if s:
+                self._lru[s] = None
+        out = np.where(block_tables >= 0, self.slot[np.maximum(block_tables, 0)], -1)
+        return out
+
+    def _assign(self, b: int) -> None:
+        if not self._lru:
+            raise RuntimeError("no free sliding-window slot (n_slots too small for this batch)")
+        s, _ = self._lru.popitem(last=False)
+        old = int(self.owner[s])
+        if old >= 0 and old != b:
+            self.slot[old] = 0
+            self.reused += 1
+        self.owner[s] = b
+        self.slot[b] = s
+
+    # -- prefix reuse ---------------------------------------------------------------------------------
+    def usable_prefix(self, blocks: list[int]) -> int:
+        """How many leading blocks of a cached prefix can be reused: the first query after them must find
+        the local K/V of every block in its window."""
+        ok = [bool(self.slot[b]) and self.owner[self.slot[b]] == b for b in blocks]
+        for m in range(len(blocks), 0, -1):
+            lo = max(0, m * self.bs - self.window + 1) // self.bs
+            if all(ok[lo:m]):
+                return m
+        return 0
+
+    def stats(self) -> dict:
+        held = int(np.count_nonzero(self.owner[1:] >= 0))
+        return {"swa_slots_total": self.n_slots, "swa_slots_held": held, "swa_slots_reused": self.reused}
