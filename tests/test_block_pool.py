@@ -12,6 +12,7 @@ class FakeReq:
         self.all_ids = list(ids)
         self.block_table: list[int] = []
         self.n_computed = self.n_cached = 0
+        self.prompt_rows = len(ids)  # every row computed as a prompt row
 
 
 def test_allocate_in_order_and_none_on_shortage():
@@ -56,12 +57,12 @@ def test_prefix_tree_match_insert_release_reuse():
     assert r1.block_table == [] and r1.n_cached == 0
     r1.block_table = pool.allocate(3)  # [0, 1, 2]
     r1.n_computed = 5
-    tree.release(r1)  # blocks 0, 1 are full -> cached; block 2 (partial) plain free
-    assert len(tree) == 2 and pool.cached == {0, 1} and pool.n_free == 8
+    tree.release(r1)  # blocks 0, 1 are full -> cached; block 2 (partly filled) -> cached as a partial leaf
+    assert len(tree) == 3 and pool.cached == {0, 1, 2} and pool.n_free == 8
     r2 = FakeReq([1, 2, 3, 4, 9, 9, 9])
-    tree.admit(r2)
+    tree.admit(r2)  # no copy callback: partial blocks are not reused (see tests/test_prefix_cow.py)
     assert r2.block_table == [0, 1] and r2.n_cached == 4 and pool.ref[0] == 1
-    assert pool.cached == set()
+    assert pool.cached == {2}
     assert tree.hit_tokens == 4
 
 

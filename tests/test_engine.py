@@ -66,10 +66,11 @@ def test_prefix_hit_reuses_blocks_and_same_output(tiny_llm):
     first = run_all(eng, [eng.add_request(shared + [7, 8], SamplingParams(max_tokens=6, **GREEDY))])[0]
     second_req = eng.add_request(shared + [9, 10, 11], SamplingParams(max_tokens=6, **GREEDY))
     second = run_all(eng, [second_req])[0]
-    assert second.metrics["cached_tokens"] == 64  # the 4 full 16-token blocks of the shared 71 tokens
+    # the 4 full 16-token blocks of the shared 71 tokens, and 7 rows copied from the first request's 5th block
+    assert second.metrics["cached_tokens"] == 71
     assert second.token_ids == alone(tiny_llm, shared + [9, 10, 11], 6)
     assert first.token_ids == alone(tiny_llm, shared + [7, 8], 6)
-    assert eng.stats()["prefix_hit_tokens"] == 64
+    assert eng.stats()["prefix_hit_tokens"] == 71 and eng.stats()["prefix_cow_copies"] == 1
     assert_no_leaks(eng)
 
 

@@ -39,6 +39,7 @@ class Engine:
         self.prefix = PrefixTree(self.pool, block_size)
         if self.kv.windows is not None:  # a cached prefix is only as long as its sliding-window K/V reaches
             self.prefix.usable = self.kv.windows.usable_prefix
+        self.prefix.copy = self._copy_block  # copy-on-write of partly reused blocks
         self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget,
                                    prefix_cache=self.prefix)
         self.runner = ModelRunner(model, self.kv)
@@ -128,6 +129,16 @@ class Engine:
             self.requests.pop(r.id, None)
         return done
 
+    def _copy_block(self, src: int, dst: int, n: int, req: Request) -> bool:
+        """The prefix tree's copy-on-write (req is being admitted and will continue at req.n_computed + n). A
+        trimmed sliding-window layer gives dst a slot whose block no running request, nor req, still attends to."""
+        keep = set()
+        if self.kv.windows is not None:
+            for r in self.scheduler.running:
+                keep.update(self.kv.windows.seen(r.block_table, r.n_computed))
+            keep.update(self.kv.windows.seen(req.block_table, req.n_computed + n))
+        return self.kv.copy_block(src, dst, n, keep)
+
     def cancel(self, req: Request) -> None:
         req.cancel()
 
@@ -141,6 +152,7 @@ class Engine:
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.prefix.hit_tokens,
             "prefix_tree_blocks": len(self.prefix),
+            "prefix_cow_copies": self.prefix.cow_copies,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             **(self.kv.windows.stats() if self.kv.windows is not None else {}),

@@ -65,6 +65,21 @@ class PagedKVCache:
             batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
         return batch.slot_tables
 
+    def copy_block(self, src: int, dst: int, n: int, keep=frozenset()) -> bool:
+        """Copy rows [0, n) of block src's K/V into block dst in every layer (copy-on-write of a shared block).
+        Trimmed layers copy between slots; False (nothing copied) if they no longer hold src or have no slot for
+        dst that is not one of the blocks in `keep`."""
+        slots = None
+        if self.windows is not None and any(self.trimmed):
+            slots = self.windows.prepare_copy(src, dst, keep)
+            if slots is None:
+                return False
+        for i in range(len(self.k)):
+            s, d = slots if self.trimmed[i] else (src, dst)
+            self.k[i][d, :n] = self.k[i][s, :n]
+            self.v[i][d, :n] = self.v[i][s, :n]
+        return True
+
     def write(self, i: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""
         kf = self.k[i].reshape(-1, *self.k[i].shape[2:])

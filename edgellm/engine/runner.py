@@ -26,7 +26,7 @@ class ModelRunner:
             seq += [s] * it.n_new
             # llama.cpp sums a lone token's attention in another order than a prompt's rows: decide by what the
             # row is, not by how this step's chunk happened to be cut (batch invariance)
-            single += [start >= len(r.prompt_ids) or len(r.prompt_ids) == 1] * it.n_new
+            single += [start >= r.prompt_rows] * it.n_new
             tables[s, :len(r.block_table)] = r.block_table
             n += it.n_new
             if start + it.n_new == r.n_tokens:  # caught up with known tokens: sample the next one

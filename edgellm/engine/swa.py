@@ -6,7 +6,9 @@ Global layers index their K/V by block id. For a local layer, slot[b] is the slo
 window mask hides it anyway). Each step pins the blocks that running requests can still attend to (their last
 `window - 1` positions) and the blocks this step's rows attend to or write; every other slot is a cache (its
 block may come back through a prefix-tree match) and is reused least recently used first. A prefix match is
-cut back to where all the local K/V its first query needs is still present.
+cut back to where all the local K/V its first query needs is still present. A copy-on-write of a partly reused
+block (engine/prefix_tree.py) copies slot to slot: only while the source's slot still holds it, and the copy's
+slot is never one whose block a running request (or the one being admitted) still attends to.
 
 With n_slots = ~max_batch windows, memory for local layers no longer grows with the context: Gemma 3 at a
 32k context keeps ~5k tokens of local K/V instead of 32k.
@@ -45,11 +47,15 @@ class WindowSlots:
             return []
         return [int(b) for b in table[lo // self.bs:(end - 1) // self.bs + 1] if b >= 0]
 
+    def seen(self, table, query: int) -> list[int]:
+        """Blocks of `table` holding the positions before `query` that a query there attends to."""
+        return self._window_blocks(table, query, query)
+
     def pin_running(self, requests) -> None:
         """Pin, for every running request, the blocks its next query can attend to."""
         pins: dict[int, None] = {}
         for r in requests:
-            pins.update(dict.fromkeys(self._window_blocks(r.block_table, r.n_computed, r.n_computed)))
+            pins.update(dict.fromkeys(self.seen(r.block_table, r.n_computed)))
         self._running = pins
 
     def tables(self, block_tables: np.ndarray, positions: np.ndarray, row_seq: np.ndarray) -> np.ndarray:
@@ -101,6 +107,27 @@ class WindowSlots:
             if all(ok[lo:m]):
                 return m
         return 0
+
+    def prepare_copy(self, src: int, dst: int, keep) -> tuple[int, int] | None:
+        """(src slot, dst slot) for copying block src's local K/V into block dst, giving dst a slot if it has
+        none: the least recently used one whose block is not in `keep` (blocks some query still needs). None if
+        src's local K/V was dropped or every slot holds a kept block."""
+        s = int(self.slot[src])
+        if not s or self.owner[s] != src:
+            return None
+        d = int(self.slot[dst])
+        if not d or self.owner[d] != dst:
+            d = next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
+            if not d:
+                return None
+            old = int(self.owner[d])
+            if old >= 0:
+                self.slot[old] = 0
+                self.reused += 1
+            self.owner[d], self.slot[dst] = dst, d
+        self._lru.pop(d, None)
+        self._lru[d] = None  # most recently used
+        return s, d
 
     def stats(self) -> dict:
         held = int(np.count_nonzero(self.owner[1:] >= 0))
