@@ -4,7 +4,9 @@
 
 Round trip: default model -> F16 (--allow-requantize) -> Q4_K_M, once with edgellm's quantizer and once with
 llama.cpp's (`llama_cpp.llama_model_quantize`); prints times, whether the bytes are equal, and the perplexity of
-both (edgellm.perplexity on tests/golden/perplexity.txt, n_ctx=256).
+both (edgellm.perplexity on tests/golden/perplexity.txt, n_ctx=256). Then llama.cpp loads edgellm's Q4_K_M file
+and continues the golden prompts (tests/golden/prompts.json) greedily for 48 tokens, as edgellm does on the same
+file: the texts must be equal (llama.cpp with GGML_CPU_TILED_MM=0, as for the golden files).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "golden"))
 
 
 def llama_cpp_quantize(src, dst, ftype, threads):
@@ -28,6 +31,33 @@ def llama_cpp_quantize(src, dst, ftype, threads):
     p.nthread = threads
     p.allow_requantize = True
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+
+
+def greedy_agreement(path, steps=48):
+    """Greedy continuations of the golden prompts by llama.cpp and by edgellm on the GGUF at `path`:
+    (prompts, equal token for token)."""
+    import json
+
+    import make_model_golden as M  # sets GGML_CPU_TILED_MM=0 before llama.cpp computes
+
+    from edgellm.api import LLM
+    from edgellm.sampling import SamplingParams
+
+    prompts = json.loads((ROOT / "tests" / "golden" / "prompts.json").read_text())["prompts"]
+    r = M.Runner(path, n_ctx=512, n_batch=512)
+    want = []
+    for p in prompts:
+        ids = r.tokenize(p["text"])
+        r.clear()
+        logits, toks = r.decode(ids, 0, [False] * (len(ids) - 1) + [True])[-1], []
+        for step in range(steps):
+            toks.append(int(logits.argmax()))
+            logits = r.decode([toks[-1]], len(ids) + step, [True])[0]
+        want.append((ids, toks))
+    r.close()
+    llm = LLM(str(path), progress=False)
+    got = llm.generate([ids for ids, _ in want], SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True))
+    return len(want), sum(o.token_ids == toks for o, (_, toks) in zip(got, want))
 
 
 def digest(path):
@@ -74,6 +104,8 @@ def main():
         p_ref = perplexity(LLM(str(ref)), text, n_ctx=a.ctx).ppl
         print(f"Q4_K_M perplexity (n_ctx={a.ctx}): edgellm-quantized {p_ours:.4f}  llama.cpp-quantized {p_ref:.4f}  "
               f"ratio {p_ours / p_ref:.4f}")
+        n, same = greedy_agreement(ours)
+        print(f"llama.cpp on edgellm's Q4_K_M file: greedy 48 tokens equal to edgellm's for {same}/{n} prompts")
 
 
 if __name__ == "__main__":
