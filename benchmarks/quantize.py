@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import os
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "golden"))
+os.environ["GGML_CPU_TILED_MM"] = "0"  # llama.cpp as for the golden files (read once, at its first matmul)
 
 
 def llama_cpp_quantize(src, dst, ftype, threads):
