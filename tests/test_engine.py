@@ -59,6 +59,18 @@ def test_batch_of_8_equals_alone(tiny_llm):
     assert_no_leaks(eng)
 
 
+def test_step_budget_below_prefill_chunk_still_runs_prompts(tiny_llm):
+    """A token budget smaller than the prefill chunk (256) used to leave every prompt waiting forever."""
+    rng = np.random.default_rng(1)
+    prompts = [[1] + rng.integers(3, 500, 30).tolist() for _ in range(3)]
+    eng = make_engine(tiny_llm, 1024, token_budget=8, max_batch=2)
+    outs = run_all(eng, [eng.add_request(p, SamplingParams(max_tokens=6, **GREEDY)) for p in prompts], max_steps=200)
+    assert all(o.finish_reason == "length" for o in outs)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == alone(tiny_llm, p, 6)  # prompt split into chunks of 8: the same tokens
+    assert_no_leaks(eng)
+
+
 def test_prefix_hit_reuses_blocks_and_same_output(tiny_llm):
     rng = np.random.default_rng(1)
     shared = [1] + rng.integers(3, 500, 70).tolist()
