@@ -39,6 +39,19 @@ class WindowSlots:
         self._running: dict[int, None] = {}  # blocks pinned for the running requests (set by pin_running)
         self.reused = 0  # slots taken from another block (its local K/V dropped)
 
+    def holds(self, b: int) -> bool:
+        """Whether block b's local K/V is (still) in its slot."""
+        s = int(self.slot[b])
+        return s != 0 and int(self.owner[s]) == b
+
+    def _give(self, s: int, b: int) -> None:
+        """Slot s now holds block b; the block it held before (if another) loses its local K/V."""
+        old = int(self.owner[s])
+        if old >= 0 and old != b:
+            self.slot[old] = 0
+            self.reused += 1
+        self.owner[s], self.slot[b] = b, s
+
     # -- pins -----------------------------------------------------------------------------------------
     def _window_blocks(self, table, first_query: int, end: int) -> list[int]:
         """Blocks of `table` holding positions a query at >= first_query can see, up to position end - 1."""
@@ -67,16 +80,15 @@ class WindowSlots:
             first, end = int(pos.min()), int(pos.max()) + 1
             for b in self._window_blocks(block_tables[s], first, end):
                 pinned[b] = None
-                if self.slot[b] == 0 or self.owner[self.slot[b]] != b:
+                if not self.holds(b):
                     new.append(b)
             # blocks holding positions < first that these rows see must still have them: never read lost K/V
             for b in self._window_blocks(block_tables[s], first, first):
                 if b in new:
                     raise RuntimeError(f"sliding-window K/V of block {b} was dropped while still needed")
         for b in pinned:  # pinned slots leave the LRU queue for this step
-            s = int(self.slot[b])
-            if s and self.owner[s] == b:
-                self._lru.pop(s, None)
+            if self.holds(b):
+                self._lru.pop(int(self.slot[b]), None)
         for b in dict.fromkeys(new):
             self._assign(b)
         for b in pinned:  # back to the queue as the most recently used
@@ -89,19 +101,13 @@ class WindowSlots:
     def _assign(self, b: int) -> None:
         if not self._lru:
             raise RuntimeError("no free sliding-window slot (n_slots too small for this batch)")
-        s, _ = self._lru.popitem(last=False)
-        old = int(self.owner[s])
-        if old >= 0 and old != b:
-            self.slot[old] = 0
-            self.reused += 1
-        self.owner[s] = b
-        self.slot[b] = s
+        self._give(self._lru.popitem(last=False)[0], b)
 
     # -- prefix reuse ---------------------------------------------------------------------------------
     def usable_prefix(self, blocks: list[int]) -> int:
         """How many leading blocks of a cached prefix can be reused: the first query after them must find
         the local K/V of every block in its window."""
-        ok = [bool(self.slot[b]) and self.owner[self.slot[b]] == b for b in blocks]
+        ok = [self.holds(b) for b in blocks]
         for m in range(len(blocks), 0, -1):
             lo = max(0, m * self.bs - self.window + 1) // self.bs
             if all(ok[lo:m]):
@@ -112,19 +118,15 @@ class WindowSlots:
         """(src slot, dst slot) for copying block src's local K/V into block dst, giving dst a slot if it has
         none: the least recently used one whose block is not in `keep` (blocks some query still needs). None if
         src's local K/V was dropped or every slot holds a kept block."""
-        s = int(self.slot[src])
-        if not s or self.owner[s] != src:
+        if not self.holds(src):
             return None
-        d = int(self.slot[dst])
-        if not d or self.owner[d] != dst:
+        s = int(self.slot[src])
+        if not self.holds(dst):
             d = next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
             if not d:
                 return None
-            old = int(self.owner[d])
-            if old >= 0:
-                self.slot[old] = 0
-                self.reused += 1
-            self.owner[d], self.slot[dst] = dst, d
+            self._give(d, dst)
+        d = int(self.slot[dst])
         self._lru.pop(d, None)
         self._lru[d] = None  # most recently used
         return s, d
