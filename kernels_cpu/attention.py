@@ -123,7 +123,66 @@ def _vdot_f32(typingctx, a, aoff, b, boff, n):
     return types.float32(a, aoff, b, boff, n), codegen
 
 
-_PV_WIDTH = 16  # output elements per vector in _pv_sgemm_f32
+_PV_WIDTH = 16  # output elements per vector in the P @ V kernels
+
+
+class _PV:
+    """Codegen shared by the two P @ V intrinsics (same arguments: o, ooff, w, wstride, v, cbase, n_chunks,
+    stride, first, last, vd, heads): pointers, the masked fma of one cell, the chunk loop, the output store."""
+
+    def __init__(self, context, builder, sig, args):
+        ty, b = sig.args, builder
+        self.b = b
+        (self.ooff, self.wstride, self.n_chunks, self.stride, self.first, self.last, self.nvd, self.heads) = (
+            _as_i64(context, b, ty[i], args[i]) for i in (1, 3, 6, 7, 8, 9, 10, 11))
+        self.po0 = b.gep(context.make_array(ty[0])(context, b, args[0]).data, [self.ooff])
+        self.pw0 = context.make_array(ty[2])(context, b, args[2]).data
+        self.pv = context.make_array(ty[4])(context, b, args[4]).data
+        self.pbase = context.make_array(ty[5])(context, b, args[5]).data
+        self.zero = ir.Constant(_vec(_PV_WIDTH), [0.0] * _PV_WIDTH)
+
+    def k(self, x):
+        return ir.Constant(_I64, x)
+
+    def fma_cell(self, acc, pw, cell, vrow, masked):
+        """acc += w[cell] * V[vrow : vrow + W] (one rounding); a masked cell outside first..last leaves acc."""
+        b, W = self.b, _PV_WIDTH
+        wj = b.load(b.gep(pw, [cell]))
+        splat = _lanes(b, b.insert_element(ir.Constant(_vec(1), ir.Undefined), wj, ir.Constant(ir.IntType(32), 0)),
+                       [0] * W)
+        a = b.load(acc)
+        f = _fma(b, splat, _vload(b, self.pv, vrow, W), a)
+        if masked:
+            ok = b.and_(b.icmp_signed(">=", cell, self.first), b.icmp_signed("<=", cell, self.last))
+            f = b.select(ok, f, a)
+        b.store(f, acc)
+
+    def over_chunks(self, body):
+        """body(c, masked) for c < n_chunks; only the first and last chunks can hold masked cells."""
+        from numba.core import cgutils
+
+        b = self.b
+        last_chunk = b.sub(self.n_chunks, self.k(1))
+        with cgutils.for_range(b, self.n_chunks) as lc:
+            c = lc.index
+            edge = b.or_(b.icmp_signed("==", c, self.k(0)), b.icmp_signed("==", c, last_chunk))
+            with b.if_else(edge) as (then, otherwise):
+                with then:
+                    body(c, True)
+                with otherwise:
+                    body(c, False)
+
+    def over_outputs(self, head_sum):
+        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W] = head_sum(d0, w of g)."""
+        from numba.core import cgutils
+
+        b, W = self.b, _PV_WIDTH
+        with cgutils.for_range(b, b.udiv(self.nvd, self.k(W))) as ld:
+            d0 = b.mul(ld.index, self.k(W))
+            with cgutils.for_range(b, self.heads) as lg:
+                r = head_sum(d0, b.gep(self.pw0, [b.mul(lg.index, self.wstride)]))
+                po = b.gep(self.po0, [b.add(b.mul(lg.index, self.nvd), d0)])
+                b.store(r, b.bitcast(po, _vec(W).as_pointer()), align=4)
 
 
 @intrinsic
@@ -138,52 +197,22 @@ def _pv_sgemm_f32(typingctx, o, ooff, w, wstride, v, cbase, n_chunks, stride, fi
     def codegen(context, builder, sig, args):
         from numba.core import cgutils
 
-        W = _PV_WIDTH
-        ty = sig.args
-        ooff, wstride, n_chunks, stride, first, last, nvd, heads = (
-            _as_i64(context, builder, ty[i], args[i]) for i in (1, 3, 6, 7, 8, 9, 10, 11))
-        po0 = builder.gep(context.make_array(ty[0])(context, builder, args[0]).data, [ooff])
-        pw0 = context.make_array(ty[2])(context, builder, args[2]).data
-        pv = context.make_array(ty[4])(context, builder, args[4]).data
-        pbase = context.make_array(ty[5])(context, builder, args[5]).data
-        c16, zero_i = ir.Constant(_I64, 16), ir.Constant(_I64, 0)
-        last_chunk = builder.sub(n_chunks, ir.Constant(_I64, 1))
-        zero = ir.Constant(_vec(W), [0.0] * W)
-        accs = [cgutils.alloca_once(builder, _vec(W)) for _ in range(16)]
+        e, b = _PV(context, builder, sig, args), builder
+        accs = [cgutils.alloca_once(b, _vec(_PV_WIDTH)) for _ in range(16)]
 
-        def chunk(c, d0, pw, masked):
-            j0 = builder.mul(c, c16)
-            row = builder.add(builder.load(builder.gep(pbase, [c])), d0)
-            for lane, acc in enumerate(accs):
-                j = builder.add(j0, ir.Constant(_I64, lane))
-                wj = builder.load(builder.gep(pw, [j]))
-                splat = _lanes(builder, builder.insert_element(ir.Constant(_vec(1), ir.Undefined), wj,
-                                                               ir.Constant(ir.IntType(32), 0)), [0] * W)
-                vrow = builder.add(row, builder.mul(stride, ir.Constant(_I64, lane)))
-                a = builder.load(acc)
-                f = _fma(builder, splat, _vload(builder, pv, vrow, W), a)
-                if masked:
-                    ok = builder.and_(builder.icmp_signed(">=", j, first), builder.icmp_signed("<=", j, last))
-                    f = builder.select(ok, f, a)
-                builder.store(f, acc)
+        def head_sum(d0, pw):
+            for acc in accs:
+                b.store(e.zero, acc)
 
-        with cgutils.for_range(builder, builder.udiv(nvd, ir.Constant(_I64, W))) as ld:
-            d0 = builder.mul(ld.index, ir.Constant(_I64, W))
-            with cgutils.for_range(builder, heads) as lg:
-                pw = builder.gep(pw0, [builder.mul(lg.index, wstride)])
-                for acc in accs:
-                    builder.store(zero, acc)
-                with cgutils.for_range(builder, n_chunks) as lc:
-                    c = lc.index
-                    edge = builder.or_(builder.icmp_signed("==", c, zero_i), builder.icmp_signed("==", c, last_chunk))
-                    with builder.if_else(edge) as (then, otherwise):
-                        with then:
-                            chunk(c, d0, pw, True)
-                        with otherwise:
-                            chunk(c, d0, pw, False)
-                r = _reduce16_list(builder, [builder.load(acc) for acc in accs])
-                po = builder.gep(po0, [builder.add(builder.mul(lg.index, nvd), d0)])
-                builder.store(r, builder.bitcast(po, _vec(W).as_pointer()), align=4)
+            def chunk(c, masked):
+                row = b.add(b.load(b.gep(e.pbase, [c])), d0)
+                for lane, acc in enumerate(accs):
+                    cell = b.add(b.mul(c, e.k(16)), e.k(lane))
+                    e.fma_cell(acc, pw, cell, b.add(row, b.mul(e.stride, e.k(lane))), masked)
+            e.over_chunks(chunk)
+            return _reduce16_list(b, [b.load(acc) for acc in accs])
+
+        e.over_outputs(head_sum)
         return context.get_dummy_value()
     if not (isinstance(v, types.Array) and v.dtype == types.float32):
         return None
@@ -198,56 +227,26 @@ def _pv_vecdot_f32(typingctx, o, ooff, w, wstride, v, cbase, n_chunks, stride, f
     def codegen(context, builder, sig, args):
         from numba.core import cgutils
 
-        W = _PV_WIDTH
-        ty = sig.args
-        ooff, wstride, n_chunks, stride, first, last, nvd, heads = (
-            _as_i64(context, builder, ty[i], args[i]) for i in (1, 3, 6, 7, 8, 9, 10, 11))
-        po0 = builder.gep(context.make_array(ty[0])(context, builder, args[0]).data, [ooff])
-        pw0 = context.make_array(ty[2])(context, builder, args[2]).data
-        pv = context.make_array(ty[4])(context, builder, args[4]).data
-        pbase = context.make_array(ty[5])(context, builder, args[5]).data
-        k = lambda x: ir.Constant(_I64, x)  # noqa: E731
-        last_chunk = builder.sub(n_chunks, k(1))
-        zero = ir.Constant(_vec(W), [0.0] * W)
-        accs = [cgutils.alloca_once(builder, _vec(W)) for _ in range(4)]
+        e, b = _PV(context, builder, sig, args), builder
+        accs = [cgutils.alloca_once(b, _vec(_PV_WIDTH)) for _ in range(4)]
 
-        def step(c, d0, pw, lane, masked):
-            for i, acc in enumerate(accs):
-                j = lane + 16 * i
-                cell = builder.add(builder.mul(c, k(64)), k(j))
-                wj = builder.load(builder.gep(pw, [cell]))
-                splat = _lanes(builder, builder.insert_element(ir.Constant(_vec(1), ir.Undefined), wj,
-                                                               ir.Constant(ir.IntType(32), 0)), [0] * W)
-                row = builder.load(builder.gep(pbase, [builder.add(builder.mul(c, k(4)), k(i))]))
-                vrow = builder.add(builder.add(row, builder.mul(stride, k(lane))), d0)
-                a = builder.load(acc)
-                f = _fma(builder, splat, _vload(builder, pv, vrow, W), a)
-                if masked:
-                    ok = builder.and_(builder.icmp_signed(">=", cell, first), builder.icmp_signed("<=", cell, last))
-                    f = builder.select(ok, f, a)
-                builder.store(f, acc)
+        def head_sum(d0, pw):
+            us = []
+            for lane in range(16):
+                for acc in accs:
+                    b.store(e.zero, acc)
 
-        with cgutils.for_range(builder, builder.udiv(nvd, k(W))) as ld:
-            d0 = builder.mul(ld.index, k(W))
-            with cgutils.for_range(builder, heads) as lg:
-                pw = builder.gep(pw0, [builder.mul(lg.index, wstride)])
-                us = []
-                for lane in range(16):
-                    for acc in accs:
-                        builder.store(zero, acc)
-                    with cgutils.for_range(builder, n_chunks) as lc:
-                        c = lc.index
-                        edge = builder.or_(builder.icmp_signed("==", c, k(0)), builder.icmp_signed("==", c, last_chunk))
-                        with builder.if_else(edge) as (then, otherwise):
-                            with then:
-                                step(c, d0, pw, lane, True)
-                            with otherwise:
-                                step(c, d0, pw, lane, False)
-                    a0, a1, a2, a3 = (builder.load(acc) for acc in accs)  # lanes l, l+16, l+32, l+48
-                    us.append(builder.fadd(builder.fadd(a0, a2), builder.fadd(a1, a3)))
-                r = _reduce16_list(builder, us)
-                po = builder.gep(po0, [builder.add(builder.mul(lg.index, nvd), d0)])
-                builder.store(r, builder.bitcast(po, _vec(W).as_pointer()), align=4)
+                def chunk(c, masked):
+                    for i, acc in enumerate(accs):  # cells lane + 16 i of the chunk
+                        cell = b.add(b.mul(c, e.k(64)), e.k(lane + 16 * i))
+                        row = b.load(b.gep(e.pbase, [b.add(b.mul(c, e.k(4)), e.k(i))]))
+                        e.fma_cell(acc, pw, cell, b.add(b.add(row, b.mul(e.stride, e.k(lane))), d0), masked)
+                e.over_chunks(chunk)
+                a0, a1, a2, a3 = (b.load(acc) for acc in accs)  # lanes l, l+16, l+32, l+48
+                us.append(b.fadd(b.fadd(a0, a2), b.fadd(a1, a3)))
+            return _reduce16_list(b, us)
+
+        e.over_outputs(head_sum)
         return context.get_dummy_value()
     if not (isinstance(v, types.Array) and v.dtype == types.float32):
         return None
