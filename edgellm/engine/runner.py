@@ -13,7 +13,7 @@ class ModelRunner:
 
     def run(self, items: list[ScheduledItem]) -> dict[int, np.ndarray]:
         """One forward over all items; returns {request id: logits (V,)} for requests that sample now."""
-        toks, pos, seq, rows, sampled, single = [], [], [], [], [], []
+        toks, pos, seq, rows, sampled, decode = [], [], [], [], [], []
         mb = max(len(it.request.block_table) for it in items)
         tables = np.full((len(items), mb), -1, dtype=np.int64)  # (S, MB)
         n = 0
@@ -26,7 +26,7 @@ class ModelRunner:
             seq += [s] * it.n_new
             # llama.cpp sums a lone token's attention in another order than a prompt's rows: decide by what the
             # row is, not by how this step's chunk happened to be cut (batch invariance)
-            single += [start >= r.prompt_rows] * it.n_new
+            decode += [start >= r.prompt_rows] * it.n_new
             tables[s, :len(r.block_table)] = r.block_table
             n += it.n_new
             if start + it.n_new == r.n_tokens:  # caught up with known tokens: sample the next one
@@ -34,7 +34,7 @@ class ModelRunner:
                 sampled.append(r.id)
         batch = ForwardBatch(np.asarray(toks, dtype=np.int64), np.asarray(pos, dtype=np.int64),
                              np.asarray(seq, dtype=np.int64), tables, np.asarray(rows, dtype=np.int64),
-                             decode_rows=np.asarray(single, dtype=bool))
+                             decode_rows=np.asarray(decode, dtype=bool))
         logits = self.model.forward(batch, self.kv) if len(toks) else np.empty((0, 0), np.float32)
         for it in items:
             it.request.n_computed += it.n_new
