@@ -178,10 +178,43 @@ def _gelu_table() -> np.ndarray:
 GELU_F16 = _gelu_table()
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def f16_bits(x):
+    """IEEE binary16 bits (uint16) of the float32 whose bits are x (uint32), rounded to nearest even — what
+    NumPy's astype(float16) and vcvtps2ph give (NaN -> quiet NaN of the same sign)."""
+    sgn = np.uint16((x >> np.uint32(16)) & np.uint32(0x8000))
+    exp = x & np.uint32(0x7F800000)
+    sig = x & np.uint32(0x007FFFFF)
+    if exp >= np.uint32(0x47800000):  # overflow, inf, NaN
+        if exp == np.uint32(0x7F800000) and sig != 0:
+            return np.uint16(sgn | np.uint16(0x7E00))
+        return np.uint16(sgn | np.uint16(0x7C00))
+    if exp <= np.uint32(0x38000000):  # f16 subnormal or zero
+        if exp < np.uint32(0x33000000):
+            return sgn
+        e = exp >> np.uint32(23)
+        sig = (sig + np.uint32(0x00800000)) >> (np.uint32(113) - e)
+        if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000) or (x & np.uint32(0x07FF)) != 0:
+            sig += np.uint32(0x1000)
+        return np.uint16(sgn + np.uint16(sig >> np.uint32(13)))
+    if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000):
+        sig += np.uint32(0x1000)
+    return np.uint16(sgn + np.uint16(((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13))))
+
+
 @nb.njit(cache=True, nogil=True)
-def _geglu(out, gate, gate_f16, up, table):
-    # GELU(gate) * up with ggml's f16 table (GGML_GELU_FP16): the input rounded to f16 (bits in gate_f16)
-    # indexes the table
+def f16_bits_array(x):
+    """(n,) uint32 float32 bits -> (n,) uint16 f16 bits (see f16_bits)."""
+    out = np.empty(x.shape[0], np.uint16)
+    for i in range(x.shape[0]):
+        out[i] = f16_bits(x[i])
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _geglu(out, gate, gate_bits, up, table):
+    # GELU(gate) * up with ggml's f16 table (GGML_GELU_FP16): the input rounded to f16 indexes the table;
+    # gate_bits is gate viewed as uint32
     T, F = gate.shape
     for t in range(T):
         for f in range(F):
@@ -191,7 +224,7 @@ def _geglu(out, gate, gate_f16, up, table):
             elif g >= np.float32(10.0):
                 y = g
             else:
-                y = table[gate_f16[t, f]]
+                y = table[f16_bits(gate_bits[t, f])]
             out[t, f] = y * up[t, f]
 
 
@@ -206,8 +239,9 @@ def _swiglu(out, gate, up):
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """GELU(gate) * up for (T, F) float32 arrays."""
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
     out = np.empty_like(gate)
-    _geglu(out, gate, gate.astype(np.float16).view(np.uint16), up, GELU_F16)
+    _geglu(out, gate, gate.view(np.uint32), up, GELU_F16)
     return out
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import ggml_ref
 import numpy as np
 
-from kernels_cpu.ops import GELU_F16, apply_rope, expf, geglu, rope_tables
+from kernels_cpu.ops import GELU_F16, apply_rope, expf, f16_bits_array, geglu, rope_tables
 
 # sha256 of ggml_table_gelu_f16 (libggml-cpu of llama-cpp-python 0.3.36, x86-64) at the finite f16 inputs, read
 # from the library after ggml_cpu_init(); non-finite inputs never index the table (ggml_vec_geglu_f32 handles
@@ -38,6 +38,22 @@ def test_geglu_uses_table_and_cutoffs():
     want[0, 5:] = gate[0, 5:] * up[0, 5:]  # x >= 10: x * up
     np.testing.assert_array_equal(got, want)
 
+
+
+def test_f16_bits_rounds_like_numpy():
+    """The kernels' float32 -> f16 rounding (geglu's table index) equals NumPy's astype(float16): random bit
+    patterns, every f16 value and the float32 neighbours of every halfway point (ties to even), subnormals,
+    overflow, inf; a NaN stays a NaN."""
+    rng = np.random.default_rng(3)
+    h = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32).view(np.uint32).astype(np.int64)
+    near = np.concatenate([h + d for d in (-1, 0, 1, 0xFFF, 0x1000, 0x1001)]) % 2**32
+    bits = np.concatenate([rng.integers(0, 2**32, 2_000_000), near]).astype(np.uint32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = bits.view(np.float32).astype(np.float16).view(np.uint16)
+    got = f16_bits_array(bits)
+    nan = np.isnan(bits.view(np.float32))
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.isnan(got[nan].view(np.float16)).all() and nan.sum() > 1000
 
 # --- ggml_v_expf and rope: bit-exact against llama.cpp (tests/golden/attention_ops.npz, make_attention_golden.py)
 
