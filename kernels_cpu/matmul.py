@@ -19,6 +19,7 @@ import numpy as np
 from quant.types import FORMATS, QuantType, row_bytes
 
 from ._jit import get_threads
+from .handoff import run_split
 from .matmul_driver import driver, quantize_act
 from .repack import LAYOUTS, repack
 
@@ -179,6 +180,8 @@ def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None
         _POOL = ThreadPoolExecutor(max_workers=_POOL_SIZE, thread_name_prefix="edgellm-matmul")
     groups = pw.qs.shape[0]
     bounds = [groups * c // threads for c in range(threads + 1)]
+    if run_split(run, bounds, out, xq, dx, bs, pw.qs, pw.sc):
+        return
     futs = [_POOL.submit(run, out, xq, dx, bs, pw.qs, pw.sc, bounds[c], bounds[c + 1]) for c in range(1, threads)]
     run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1])
     for f in futs:

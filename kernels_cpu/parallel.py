@@ -1,13 +1,15 @@
 """parallel_for: split a range of independent jobs over worker threads running nogil Numba kernels.
 
 Numba's own `parallel=True` runtime launches its thread pool per call (~tens of µs to ms under load) and
-fights the matmul threads; a small persistent pool with contiguous chunks avoids both.
+fights the matmul threads; the spinning helpers of kernels_cpu.handoff with contiguous chunks avoid both
+(a ThreadPoolExecutor is the fallback while another thread holds the helpers).
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 from kernels_cpu._jit import get_threads
+from kernels_cpu.handoff import run_split
 
 _POOL: ThreadPoolExecutor | None = None
 
@@ -23,6 +25,8 @@ def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *arg
     if _POOL is None or _POOL._max_workers < threads - 1:
         _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")
     bounds = [n_jobs * c // threads for c in range(threads + 1)]
+    if run_split(lambda lo, hi: kernel(*args, lo, hi, scratch_fn()), bounds):
+        return
     futs = [_POOL.submit(kernel, *args, bounds[c], bounds[c + 1], scratch_fn()) for c in range(1, threads)]
     kernel(*args, bounds[0], bounds[1], scratch_fn())
     for f in futs:

@@ -1,0 +1,79 @@
+"""kernels_cpu.handoff: spinning helper threads that run split kernel calls."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kernels_cpu import handoff
+from kernels_cpu.handoff import publish, run_split, wait_change
+
+
+def _fill(out, value, lo, hi):
+    out[lo:hi] = value + np.arange(lo, hi)
+
+
+def test_every_chunk_runs_once_on_its_own_rows():
+    for n in (1, 2, 7, 1000):
+        for threads in (2, 3):
+            out = np.full(n, -1.0)
+            bounds = [n * c // threads for c in range(threads + 1)]
+            assert run_split(_fill, bounds, out, 5.0)
+            np.testing.assert_array_equal(out, 5.0 + np.arange(n))
+
+
+def test_many_calls_in_a_row_and_after_the_helpers_slept():
+    out = np.zeros(64)
+    for i in range(300):
+        assert run_split(_fill, [0, 32, 64], out, float(i))
+        assert out[63] == i + 63
+    deadline = time.monotonic() + 2.0
+    while not handoff.helpers(1)[0].sleeping and time.monotonic() < deadline:  # spun out: asleep on its Event
+        time.sleep(handoff.SPIN_SECONDS)
+    assert handoff.helpers(1)[0].sleeping
+    assert run_split(_fill, [0, 32, 64], out, 1000.0)
+    np.testing.assert_array_equal(out, 1000.0 + np.arange(64))
+
+
+def test_a_helpers_exception_reaches_the_caller_and_the_helper_survives():
+    def chunk(out, lo, hi):
+        if lo > 0:
+            raise ValueError("boom in the helper")
+        out[lo:hi] = 1
+
+    out = np.zeros(10)
+    with pytest.raises(ValueError, match="boom in the helper"):
+        run_split(chunk, [0, 5, 10], out)
+    assert out[:5].sum() == 5  # the caller's own chunk ran; the helper joined before the raise
+    assert run_split(_fill, [0, 5, 10], out, 0.0)
+    np.testing.assert_array_equal(out, np.arange(10))
+
+
+def test_busy_helpers_make_other_threads_fall_back():
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(out, lo, hi):
+        if lo == 0:
+            entered.set()
+            release.wait(5)
+        out[lo:hi] = 1
+
+    out = np.zeros(4)
+    t = threading.Thread(target=run_split, args=(slow, [0, 2, 4], out))
+    t.start()
+    assert entered.wait(5)
+    other = np.zeros(4)
+    assert run_split(_fill, [0, 2, 4], other, 0.0) is False  # ran nothing: the caller uses its fallback
+    assert not other.any()
+    release.set()
+    t.join(5)
+    np.testing.assert_array_equal(out, 1)
+
+
+def test_atomic_flags():
+    ctrl = np.zeros(2, np.int64)
+    assert wait_change(ctrl, 0, 0, 1000) == 0  # no change: gives the old value back after the polls
+    publish(ctrl, 1, 7)
+    assert wait_change(ctrl, 1, 0, 1000) == 7
