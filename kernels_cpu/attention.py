@@ -453,11 +453,12 @@ def paged_attention(q: np.ndarray, kcache: np.ndarray, vcache: np.ndarray, posit
         if positions.max() // BS >= block_tables.shape[1]:
             raise ValueError("position beyond the block table")
         # every block a row can touch must be a valid block id
-        need = positions // BS
-        for s in np.unique(row_seq):
-            used = block_tables[s, : need[row_seq == s].max() + 1]
-            if used.min() < 0 or used.max() >= NB:
-                raise ValueError(f"sequence {s}: block id out of range")
+        last = np.full(len(block_tables), -1, np.int64)  # per sequence: its rows' last block index
+        np.maximum.at(last, row_seq, positions // BS)
+        touched = np.arange(block_tables.shape[1]) <= last[:, None]
+        bad = touched & ((block_tables < 0) | (block_tables >= NB))
+        if bad.any():
+            raise ValueError(f"sequence {int(np.nonzero(bad.any(axis=1))[0][0])}: block id out of range")
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
     if single is None:
         single = np.bincount(row_seq)[row_seq] == 1 if T else np.zeros(0, bool)

@@ -102,6 +102,14 @@ def test_attention_rejects_bad_block_table():
         paged_attention(q, kc, kc, np.array([20]), np.zeros(1, np.int64), np.array([[0, 5]]), scale=1.0)
     with pytest.raises(ValueError):
         paged_attention(q, kc, kc, np.array([40]), np.zeros(1, np.int64), np.array([[0, 1]]), scale=1.0)
+    # per sequence, only the blocks its rows reach are checked: -1 past them is a free table slot
+    q2 = np.zeros((2, 2, 8), np.float32)
+    tables = np.array([[0, -1], [1, 7]])
+    paged_attention(q2, kc, kc, np.array([3, 5]), np.array([0, 1]), tables, scale=1.0)
+    with pytest.raises(ValueError, match="sequence 1"):
+        paged_attention(q2, kc, kc, np.array([3, 20]), np.array([0, 1]), tables, scale=1.0)
+    with pytest.raises(ValueError, match="sequence 0"):
+        paged_attention(q2, kc, kc, np.array([20, 5]), np.array([0, 1]), tables, scale=1.0)
 
 
 def test_rmsnorm():
