@@ -15,24 +15,8 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from kernels_cpu._jit import jit
-from kernels_cpu.ops import fma32, ggml_expf
+from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32, ggml_expf
 from kernels_cpu.parallel import parallel_for
-
-
-@intrinsic
-def _f16_bits_to_f32(typingctx, bits):
-    """int16 holding IEEE half bits -> float32 (LLVM fpext; F16C vcvtph2ps on x86)."""
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(types.int16), codegen
-
-
-@intrinsic
-def _bitcast_f32(typingctx, bits):
-    """uint32 bits -> float32 (LLVM bitcast; vectorizes)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.uint32), codegen
 
 
 def kv_value(x):
@@ -43,9 +27,9 @@ def kv_value(x):
 @overload(kv_value)
 def _kv_value(x):
     if x == types.int16:  # f16 bits
-        return lambda x: _f16_bits_to_f32(x)
+        return lambda x: f16_bits_to_f32(x)
     if x == types.uint16:  # bf16 bits
-        return lambda x: _bitcast_f32(np.uint32(x) << np.uint32(16))
+        return lambda x: bits_to_f32(np.uint32(x) << np.uint32(16))
     return lambda x: x
 
 

@@ -15,27 +15,11 @@ import numpy as np
 
 from . import matmul_ir, matmul_k, matmul_q  # matmul_k / matmul_q register the IR bodies
 from ._jit import jit
+from .ops import f16_round
 from .matmul_ir import R, qdot
 
 MB = 8  # activation rows per kernel call
 MT = 64  # activation rows per L2 tile
-
-
-@jit
-def f16_round(v):
-    """float32 v rounded to the nearest float16 value (ties to even), as float32 (inf past the f16 range)."""
-    a = abs(np.float64(v))
-    if a == 0.0 or not np.isfinite(a):
-        return np.float32(v)
-    if a >= 65520.0:
-        r = np.inf
-    else:
-        m, e = math.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
-        if e < -13:  # f16 subnormals: a fixed quantum of 2**-24
-            r = np.rint(a * 16777216.0) / 16777216.0
-        else:  # 11 significant bits
-            r = math.ldexp(np.rint(math.ldexp(m, 11)), e - 11)
-    return np.float32(r if v > 0 else -r)
 
 
 @jit

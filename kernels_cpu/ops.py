@@ -178,6 +178,30 @@ def _gelu_table() -> np.ndarray:
 GELU_F16 = _gelu_table()
 
 
+@intrinsic
+def f16_bits_to_f32(typingctx, bits):
+    """int16 holding IEEE half bits -> float32 (LLVM fpext; F16C vcvtph2ps on x86)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.int16), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):
+    """uint32 bits -> float32 (LLVM bitcast; vectorizes)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def f32_to_bits(typingctx, x):
+    """float32 -> its uint32 bits (LLVM bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
 @nb.njit(cache=True, nogil=True, inline="always")
 def f16_bits(x):
     """IEEE binary16 bits (uint16) of the float32 whose bits are x (uint32), rounded to nearest even — what
@@ -200,6 +224,12 @@ def f16_bits(x):
     if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000):
         sig += np.uint32(0x1000)
     return np.uint16(sgn + np.uint16(((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13))))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def f16_round(v):
+    """float32 v rounded to the nearest float16 value (ties to even), as float32 (inf past the f16 range)."""
+    return f16_bits_to_f32(np.int16(f16_bits(f32_to_bits(np.float32(v)))))
 
 
 @nb.njit(cache=True, nogil=True)

@@ -211,7 +211,7 @@ def test_activation_quantization_twin(qt):
 
 
 def test_f16_round_matches_numpy():
-    from kernels_cpu.matmul_driver import f16_round
+    from kernels_cpu.ops import f16_round
 
     v = np.concatenate([np.float32([0, 1, 65504, 65519, 65520, 1e6, 6e-8, 2.9e-8, 3e-5, 6.1e-5, -3.3]),
                         np.random.default_rng(0).standard_normal(2000).astype(np.float32) * 10.0 ** np.arange(-7, 3)[
