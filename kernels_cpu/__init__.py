@@ -3,12 +3,13 @@
 Public matmul API:
     prepare_weight(raw, qtype, shape) -> PreparedWeight   # repack GGUF bytes once at load time
     matmul(x, pw, out=None) -> y                          # y (M, N) = x (M, K) @ W.T
+    matmul_many(x, [pw, ...]) -> [y, ...]                 # one input, several weights: x quantized once
     get_rows(pw, ids) -> rows                             # dequantized rows (embedding lookup)
     set_threads(n)                                        # kernel threads (default: physical cores)
 """
 from ._jit import get_threads, set_threads
-from .matmul import PreparedWeight, get_rows, matmul, prepare_weight
+from .matmul import PreparedWeight, get_rows, matmul, matmul_many, prepare_weight
 
 set_threads()
 
-__all__ = ["PreparedWeight", "get_rows", "get_threads", "matmul", "prepare_weight", "set_threads"]
+__all__ = ["PreparedWeight", "get_rows", "get_threads", "matmul", "matmul_many", "prepare_weight", "set_threads"]

@@ -24,7 +24,7 @@ from .matmul_driver import driver, quantize_act
 from .repack import LAYOUTS, repack
 
 # Work (multiply-adds) below which one thread is used: thread start-up costs more than it saves.
-PARALLEL_MIN_MACS = 1 << 21
+PARALLEL_MIN_MACS = 1 << 20
 
 
 @dataclass(eq=False)
@@ -139,6 +139,21 @@ def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     parallel_for(_quantize_chunk, x.shape[0], 32, lambda: None, xq, dx, bs, s1, x, qb)
 
 
+def _as_input(x: np.ndarray, pw: PreparedWeight) -> np.ndarray:
+    """x as a C-contiguous float32 (M, K) array for weight pw, or ValueError."""
+    k = pw.shape[1]
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"matmul: x has shape {x.shape}, expected (M, {k}) for weight {pw.qtype.name} {pw.shape}")
+    return x
+
+
+def _act_key(pw: PreparedWeight) -> tuple:
+    """Weights with equal keys take the same activation arrays from _prepare_x."""
+    return (pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw._kp if pw._act_block == 0 else 0)
+
+
 def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> np.ndarray:
     """y = x @ W.T for a prepared weight W (N, K).
 
@@ -146,26 +161,48 @@ def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> 
     C-contiguous array to write into. Returns y (M, N) float32. Row i of y depends only on row i of x
     (bit-identical whatever M and the thread count).
     """
-    n, k = pw.shape
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != k:
-        raise ValueError(f"matmul: x has shape {x.shape}, expected (M, {k}) for weight {pw.qtype.name} {pw.shape}")
-    m = x.shape[0]
+    x = _as_input(x, pw)
+    m, n = x.shape[0], pw.shape[0]
     if out is None:
         out = np.empty((m, n), np.float32)
     elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"matmul: out must be C-contiguous float32 {(m, n)}, got {out.dtype} {out.shape}")
     if m == 0:
         return out
-    xq, dx, bs = _prepare_x(x, pw)
+    _run(out, _prepare_x(x, pw), pw)
+    return out
+
+
+def matmul_many(x: np.ndarray, weights: list[PreparedWeight]) -> list[np.ndarray]:
+    """[matmul(x, w) for w in weights] (e.g. the Q, K and V projections of one input), quantizing x once
+    per activation format the weights share instead of once per weight. Same results as separate calls."""
+    if not weights:
+        return []
+    x = _as_input(x, weights[0])
+    acts: dict[tuple, tuple] = {}
+    outs = []
+    for pw in weights:
+        xw = _as_input(x, pw)
+        out = np.empty((x.shape[0], pw.shape[0]), np.float32)
+        if x.shape[0]:
+            key = _act_key(pw)
+            if key not in acts:
+                acts[key] = _prepare_x(xw, pw)
+            _run(out, acts[key], pw)
+        outs.append(out)
+    return outs
+
+
+def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
+    """out = x @ W.T from x's prepared activations act = (xq, dx, bs), on one or more threads."""
+    xq, dx, bs = act
+    m, n = out.shape
     groups = pw.qs.shape[0]
     threads = min(get_threads(), groups)
-    if threads == 1 or m * n * k < PARALLEL_MIN_MACS:
+    if threads == 1 or m * n * pw.shape[1] < PARALLEL_MIN_MACS:
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
     else:
         _run_threads(pw._run, threads, out, xq, dx, bs, pw)
-    return out
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels_cpu import _jit, get_rows, matmul, prepare_weight
+from kernels_cpu import _jit, get_rows, matmul, matmul_many, prepare_weight
 from kernels_cpu.matmul import PARALLEL_MIN_MACS, _prepare_x
 from kernels_cpu.matmul_driver import make_driver
 from kernels_cpu.repack import LAYOUTS
@@ -190,6 +190,24 @@ def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="out"):
         matmul(np.zeros((2, 64), np.float32), pw, np.zeros((2, 9), np.float32))
     assert matmul(np.zeros((0, 64), np.float32), pw).shape == (0, 8)
+
+
+def test_matmul_many_equals_separate_calls():
+    """One input, weights of every activation kind (per-32 codes, Q8_1 sums, per-256 codes, float): the shared
+    quantized activations give each weight exactly its own matmul's output; a mismatched K raises."""
+    rng = np.random.default_rng(5)
+    k = 512
+    types = (Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.F16, Q.Q5_0)
+    ws = [prepare_weight(random_weight(qt, n, k, rng), qt, (n, k)) for qt, n in zip(types, (64, 16, 32, 48, 16, 32, 4096))]
+    for m in (1, 8, 0):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got = matmul_many(x, ws)
+        assert len(got) == len(ws)
+        for y, pw in zip(got, ws):
+            np.testing.assert_array_equal(y, matmul(x, pw))
+    assert matmul_many(x, []) == []
+    with pytest.raises(ValueError, match="x has shape"):
+        matmul_many(np.zeros((2, k), np.float32), [ws[0], prepare_weight(random_weight(Q.Q8_0, 8, 64, rng), Q.Q8_0, (8, 64))])
 
 
 @pytest.mark.parametrize("qt", [Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from kernels_cpu import matmul
+from kernels_cpu import matmul, matmul_many
 from kernels_cpu.ops import softcap
 from kernels_cpu.attention import paged_attention
 from quant.formats import dequantize
@@ -103,6 +103,15 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     if bias is not None:
         y += bias
     return y
+
+
+def linears(x: np.ndarray, ws, biases=None) -> list[np.ndarray]:
+    """[linear(x, w, b) for w, b in zip(ws, biases)]: one input, x quantized once for all the weights."""
+    ys = matmul_many(np.ascontiguousarray(x, dtype=np.float32), list(ws))
+    for y, b in zip(ys, biases or [None] * len(ys)):
+        if b is not None:
+            y += b
+    return ys
 
 
 class CausalLM:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from edgellm.loader import LoadedModel
-from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear
+from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
 from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables
 
 
@@ -43,15 +43,16 @@ class Model(CausalLM):
             local = c.swa_layers[i]
             cos, sin = ropes[c.rope_base_local if local else c.rope_base]
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
-            q = rmsnorm(linear(h, L.wq).reshape(T, c.n_heads, c.head_dim), L.q_norm, c.rms_eps)
-            k = rmsnorm(linear(h, L.wk).reshape(T, c.n_kv_heads, c.head_dim), L.k_norm, c.rms_eps)
-            v = linear(h, L.wv).reshape(T, c.n_kv_heads, c.v_head_dim)
+            q, k, v = linears(h, (L.wq, L.wk, L.wv))
+            q = rmsnorm(q.reshape(T, c.n_heads, c.head_dim), L.q_norm, c.rms_eps)
+            k = rmsnorm(k.reshape(T, c.n_kv_heads, c.head_dim), L.k_norm, c.rms_eps)
+            v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
             apply_rope(q, cos, sin, neox=True)
             apply_rope(k, cos, sin, neox=True)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if local else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap)
             x = x + rmsnorm(linear(a, L.wo), L.post_attn_norm, c.rms_eps)
             h = rmsnorm(x, L.ffn_norm, c.rms_eps)
-            f = linear(geglu(linear(h, L.gate), linear(h, L.up)), L.down)
+            f = linear(geglu(*linears(h, (L.gate, L.up))), L.down)
             x = x + rmsnorm(f, L.post_ffn_norm, c.rms_eps)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled

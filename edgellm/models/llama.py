@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear
+from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
 from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
 
 
@@ -33,9 +33,10 @@ class Model(CausalLM):
         cos, sin = rope_tables(batch.positions, c.head_dim, c.rope_base, c.rope_scale)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
-            q = linear(h, L.wq, L.bq).reshape(T, c.n_heads, c.head_dim)
-            k = linear(h, L.wk, L.bk).reshape(T, c.n_kv_heads, c.head_dim)
-            v = linear(h, L.wv, L.bv).reshape(T, c.n_kv_heads, c.v_head_dim)
+            q, k, v = linears(h, (L.wq, L.wk, L.wv), (L.bq, L.bk, L.bv))
+            q = q.reshape(T, c.n_heads, c.head_dim)
+            k = k.reshape(T, c.n_kv_heads, c.head_dim)
+            v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
             if L.q_norm is not None:
                 q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
             apply_rope(q, cos, sin, neox=c.rope_neox)
@@ -44,5 +45,5 @@ class Model(CausalLM):
                        scale=c.attn_scale, softcap=c.attn_softcap)
             x = x + linear(a, L.wo)
             h = rmsnorm(x, L.ffn_norm, c.rms_eps)
-            x = x + linear(swiglu(linear(h, L.gate), linear(h, L.up)), L.down)
+            x = x + linear(swiglu(*linears(h, (L.gate, L.up))), L.down)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
