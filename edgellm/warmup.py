@@ -22,6 +22,7 @@ def warm_up(llm, *, progress: bool = True) -> None:
     from tqdm import tqdm
 
     from kernels_cpu import matmul
+    from kernels_cpu.matmul import U8_MIN_ROWS
 
     model = llm.model
     weights = _distinct_weights(model)
@@ -30,7 +31,10 @@ def warm_up(llm, *, progress: bool = True) -> None:
               leave=False, unit="kernel") as bar:
         for w in weights:
             k = w.shape[1]
-            matmul(np.zeros((1, k), np.float32), w)  # one compiled driver per type serves every batch size
+            # one compiled driver per type and activation form: int16 for decode, uint8 (the VNNI form of the
+            # 32-block formats) from U8_MIN_ROWS rows
+            for m in sorted({1, U8_MIN_ROWS}):
+                matmul(np.zeros((m, k), np.float32), w)
             bar.update(1)
         pool = llm.engine.pool
         blocks = pool.allocate(1)

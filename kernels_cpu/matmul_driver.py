@@ -23,12 +23,13 @@ MT = 64  # activation rows per L2 tile
 
 
 @jit
-def quantize_act(xq, dx, bs, s1, x, qb):
+def quantize_act(xq, dx, bs, s1, x, qb, off):
     """Quantize activation rows to int16 codes in -127..127 per block of qb, exactly as llama.cpp's CPU
     backend does (so results track it): qb = 32 like quantize_row_q8_0 (scale rounded to f16,
     id = 127/amax, round half to even), qb = 256 like quantize_row_q8_K (iscale = -127/max by sign).
 
-    x (M, K) float32 -> xq (M, K) int16, dx (M, K/qb) float32 scales, bs (M, K/16) int32 sums of 16 codes.
+    x (M, K) float32 -> xq (M, K) int16 codes (or uint8 codes + off, off = 128: the u8 x s8 VNNI form),
+    dx (M, K/qb) float32 scales, bs (M, K/16) int32 sums of 16 codes.
     s1: (M, K/16) float32 filled only when it has columns (qb = 32, weights with a min: Q4_1 / Q5_1 use
     block_q8_1): s1[m, 2b] = block b's s of quantize_row_q8_1, i.e. d * sum(codes) with the unrounded
     d = amax/127, rounded to f16 (s1[m, 2b+1] = 0), so the min term m*s is llama.cpp's.
@@ -49,24 +50,25 @@ def quantize_act(xq, dx, bs, s1, x, qb):
                 inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
                 tot = np.int32(0)
                 for k in range(blk * qb, (blk + 1) * qb):
-                    xq[m, k] = np.int16(np.rint(x[m, k] * inv))
-                    tot += np.int32(xq[m, k])
+                    c = np.int32(np.rint(x[m, k] * inv))
+                    xq[m, k] = c + off
+                    tot += c
                 if s1.shape[1]:
                     s1[m, 2 * blk] = f16_round(d * np.float32(tot))
                     s1[m, 2 * blk + 1] = np.float32(0.0)
             elif amax == 0:
                 dx[m, blk] = 0
                 for k in range(blk * qb, (blk + 1) * qb):
-                    xq[m, k] = 0
+                    xq[m, k] = off
             else:
                 iscale = np.float32(-127.0) / vmax
                 dx[m, blk] = np.float32(1.0) / iscale
                 for k in range(blk * qb, (blk + 1) * qb):
-                    xq[m, k] = np.int16(min(np.float32(127.0), np.rint(iscale * x[m, k])))
+                    xq[m, k] = np.int32(min(np.float32(127.0), np.rint(iscale * x[m, k]))) + off
         for j in range(K // 16):
             s = np.int32(0)
             for k in range(16 * j, 16 * j + 16):
-                s += np.int32(xq[m, k])
+                s += np.int32(xq[m, k]) - off
             bs[m, j] = s
 
 

@@ -50,6 +50,8 @@ class Emit:
 
         self.facc = data(2, facc)
         self.xq, self.xoff, self.xstride = data(3, xq), xoff, xstride
+        # uint8 activations (codes + 128): the 32-block formats' u8 x s8 form (see xquad / dpbusd)
+        self.x_u8 = aty[3].dtype == types.uint8
         self.dx, self.dxoff, self.dxstride = data(6, dx), dxoff, dxstride
         self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
         self.qs = builder.gep(data(12, qs), [qoff])
@@ -117,6 +119,10 @@ class Emit:
         """Activation row i, elements (k, k+1) of the current block as a broadcast <32 x i16>."""
         v = self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32)
         return self.b.bitcast(self.splat(v, 16), V(I16, 32))
+
+    def xquad(self, i: int, k: int):
+        """uint8 activation row i, elements k..k+3 of the current block as a broadcast <16 x i32>."""
+        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 1), I32), 16)
 
     def xval(self, i: int, k: int):
         """Float activation row i, element k of the current block, broadcast to <16 x float>."""
@@ -214,6 +220,31 @@ class Emit:
         name = "llvm.x86.avx512.vpdpwssd.512"
         fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(V(I32, 16), [V(I32, 16)] * 3), name)
         return b.call(fn, [acc, b.bitcast(w16, V(I32, 16)), x])
+
+    def quad(self, a, c):
+        """Two pair vectors (<32 x i8>: lane 2r+e = row r, element e of pair a / c) as one quad vector
+        <16 x i32> whose dword r holds row r's 4 bytes (a0, a1, c0, c1)."""
+        b = self.b
+        a16, c16 = b.bitcast(a, V(I16, R)), b.bitcast(c, V(I16, R))
+        idx = [j for r in range(R) for j in (r, R + r)]
+        return b.bitcast(b.shuffle_vector(a16, c16, ir.Constant(V(I32, 2 * R), idx)), V(I32, R))
+
+    def dpbusd(self, acc, xu8, w8):
+        """acc + per-dword sum of 4 products u8 (xu8) x s8 (w8), as <16 x i32>: vpdpbusd with AVX512-VNNI,
+        else the widening form (same integers)."""
+        b = self.b
+        if "avx512vnni" in host_features():
+            name = "llvm.x86.avx512.vpdpbusd.512"
+            fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(V(I32, 16), [V(I32, 16)] * 3),
+                                                          name)
+            return b.call(fn, [acc, xu8, w8])
+        x32 = b.zext(b.bitcast(xu8, V(I8, 64)), V(I32, 64))
+        w32 = b.sext(b.bitcast(w8, V(I8, 64)), V(I32, 64))
+        m = b.mul(x32, w32)
+        und = ir.Constant(V(I32, 64), ir.Undefined)
+        for j in range(4):
+            acc = b.add(acc, b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(j, 64, 4)))))
+        return acc
 
     def add(self, a, c):
         return self.b.add(a, c)

@@ -10,25 +10,40 @@ y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * s for the formats with a min), accumulate
 """
 from __future__ import annotations
 
+from llvmlite import ir
+
 from quant.types import QuantType as Q
 
 from .matmul_ir import F16, F32, I16, I32, Emit, R, V, hsum8, hsum8_plus, register
 
 
-def _lanes(e: Emit, mb: int, pairs, with_min: bool = False) -> None:
+def _lanes(e: Emit, mb: int, pairs8, with_min: bool = False) -> None:
     """llama.cpp's dot product (vec_dot_*_q8_0 / tinyBLAS_Q0_AVX, vec_dot_q4_1_q8_1 / q5_1_q8_1), lane for lane:
     per row 8 float accumulators; lane l gets fma(d*dx, float(sum of elements 4l..4l+3), lane l) per block
     (mul_sum_i8_pairs_float / mul_sum_us8_pairs_float then _mm256_fmadd_ps), summed at the end by hsum_float_8.
     with_min (block_q8_1 activations): a 9th accumulator is llama.cpp's scalar summs = fma(f16(x.m), y.s, summs),
     added after the hsum. Integer sums are exact, so only this float order matters; reproducing it gives
-    llama.cpp's outputs bit for bit."""
+    llama.cpp's outputs bit for bit.
+
+    pairs8: the block's 16 pair vectors as signed bytes (<32 x i8>). With int16 activations each lane is two
+    vpdpwssd (pairs 2l, 2l+1); with uint8 activations (codes + 128, e.x_u8) the two pairs form one quad vector
+    and a lane is one vpdpbusd, started from -128 * (the row's sum of the 4 weights), shared by the mb rows."""
     d = e.f16x16(0)
     m = e.f16x16(32) if with_min else None
+    if e.x_u8:
+        quads = [e.quad(pairs8[2 * ln], pairs8[2 * ln + 1]) for ln in range(8)]
+        bias = e.splat(ir.Constant(I32, 0x80808080), R)
+        starts = [e.b.sub(e.zeros_i32(), e.dpbusd(e.zeros_i32(), bias, q)) for q in quads]
+    else:
+        pairs = [e.s16(v) for v in pairs8]
     for i in range(mb):
         t = e.fmul(d, e.dxs(i))  # f16(x.d) * f16(y.d) in f32
         acc = e.acc[i]
         for ln in range(8):
-            s = e.madd(e.madd(e.zeros_i32(), pairs[2 * ln], i, 4 * ln), pairs[2 * ln + 1], i, 4 * ln + 2)
+            if e.x_u8:
+                s = e.dpbusd(starts[ln], e.xquad(i, 4 * ln), quads[ln])
+            else:
+                s = e.madd(e.madd(e.zeros_i32(), pairs[2 * ln], i, 4 * ln), pairs[2 * ln + 1], i, 4 * ln + 2)
             acc[ln] = e.fma(t, e.cvt32(s), acc[ln])
         if with_min:  # bs holds y.s as float32 at the block's even column
             ys = e.splat(e.load(e.bs, e.elem_off(e.bsoff, e.bsstride, i, 0, 4), F32), R)
@@ -36,7 +51,7 @@ def _lanes(e: Emit, mb: int, pairs, with_min: bool = False) -> None:
 
 
 def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
-    """16 pair vectors (<32 x i16>, unsigned codes) from 8 nibble vectors [+ 16 u32 bit planes at 256]."""
+    """16 pair vectors (<32 x i8>, codes minus offset) from 8 nibble vectors [+ 16 u32 bit planes at 256]."""
     pairs = [None] * 16
     for v in range(8):
         raw = e.wvec(32 * v)
@@ -46,13 +61,13 @@ def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
             hi = e.b.or_(hi, e.shl(e.wbits(256 + 4 * (v + 8)), 4))
         if offset:
             lo, hi = e.sub8(lo, offset), e.sub8(hi, offset)
-        pairs[v], pairs[v + 8] = e.s16(lo), e.s16(hi)
+        pairs[v], pairs[v + 8] = lo, hi
     return pairs
 
 
 @register(Q.Q8_0, lanes=8, reduce=hsum8)
 def _q8_0(e: Emit, mb: int) -> None:
-    _lanes(e, mb, [e.s16(e.wvec(32 * p)) for p in range(16)])
+    _lanes(e, mb, [e.wvec(32 * p) for p in range(16)])
 
 
 @register(Q.Q4_0, lanes=8, reduce=hsum8)

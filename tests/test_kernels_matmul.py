@@ -219,6 +219,8 @@ def test_activation_quantization_twin(qt):
     x[2, 300] = -50.0  # a negative extreme (Q8_K takes the sign of the largest-magnitude value)
     pw = prepare_weight(random_weight(qt, 16, 512, rng), qt, (16, 512))
     xq, dx, bs = _prepare_x(x, pw)
+    if xq.dtype == np.uint8:  # the VNNI form of the 32-block formats: codes + 128
+        xq = xq.astype(np.int16) - 128
     qb = LAYOUTS[qt].act_block
     x_hat, _ = act_twin(x, qb)
     np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(dx, qb, axis=1).astype(np.float64), x_hat)
@@ -250,6 +252,34 @@ def test_portable_ir_paths(monkeypatch, feats):
     monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
     run = make_driver(int(Q.Q4_K), cache=False)
     xq, dx, bs = _prepare_x(x, pw)
+    y = np.empty_like(ref)
+    run(y, xq, dx, bs, pw.qs, pw.sc, 0, pw.qs.shape[0])
+    np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.parametrize("qt", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("feats", [None, set()], ids=["host", "generic"])
+def test_u8_activation_path_equals_int16_path(monkeypatch, qt, feats):
+    """The u8 x s8 form of the 32-block formats (uint8 activations + 128, vpdpbusd or its widening form) gives
+    exactly the int16 form's outputs (both are exact integer sums), for every M tile size."""
+    import sys
+
+    mm = sys.modules["kernels_cpu.matmul"]  # the module (the package exports the function under that name)
+    rng = np.random.default_rng(int(qt))
+    raw = random_weight(qt, 40, 192, rng)
+    pw = prepare_weight(raw, qt, (40, 192))
+    x = (rng.standard_normal((11, 192)) * 3).astype(np.float32)  # 11 rows: tiles of 8, 2 and 1
+    x[3, :32] = 0  # an all-zero block
+    x[4, 40] = -60.0  # extremes: codes -127 / 127 reach the u8 ends 1 / 255
+    x[5, 70] = 60.0
+    monkeypatch.setattr(mm, "ACT_U8", False)
+    ref = matmul(x, pw)
+    monkeypatch.setattr(mm, "ACT_U8", True)
+    xq, dx, bs = _prepare_x(x, pw)
+    assert xq.dtype == np.uint8
+    if feats is not None:
+        monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
+    run = make_driver(int(qt), cache=False)
     y = np.empty_like(ref)
     run(y, xq, dx, bs, pw.qs, pw.sc, 0, pw.qs.shape[0])
     np.testing.assert_array_equal(y, ref)
