@@ -45,9 +45,15 @@ def run_edgellm(model, p, n, threads) -> dict:
 
 
 def run_llamacpp(model, p, n, threads) -> dict:
-    out = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, model, str(p), str(n), str(threads)],
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    return json.loads(out)
+    proc = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, model, str(p), str(n), str(threads)],
+                          capture_output=True, text=True)
+    if proc.returncode < 0:  # killed by a signal: seen with llama.cpp's AMX kernels on VMs that report AMX
+        sys.exit(f"llama.cpp died with signal {-proc.returncode}. If this CPU reports AMX, rebuild without it: "
+                 "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF' "
+                 "pip install --force-reinstall --no-cache-dir llama-cpp-python")
+    if proc.returncode:
+        sys.exit(f"llama.cpp benchmark failed:\n{proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
