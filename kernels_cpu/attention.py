@@ -454,11 +454,14 @@ def paged_attention(q: np.ndarray, kcache: np.ndarray, vcache: np.ndarray, posit
     # split (row, KV head) jobs over threads when there is enough work per thread (~64k MACs)
     work = max(1, (max_ctx if not window else min(max_ctx, window)) * (hd + vcache.shape[3]) * group)
     dims = (H, KVH, hd, vcache.shape[3], BS)
+    # per (row, KV head) job: the cells it reads (causal rows late in a prompt do more; split by that work)
+    ctx = positions + 1 if not window else np.minimum(positions + 1, window)
     parallel_for(_paged_attention, T * KVH, max(1, 65536 // work),
                  lambda: np.empty(group * (max_ctx + 128), np.float32),
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  np.ascontiguousarray(kcache).reshape(-1), np.ascontiguousarray(vcache).reshape(-1), dims,
-                 positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap))
+                 positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap),
+                 cost=np.repeat(ctx + 16, KVH))
     return out
 
 

@@ -12,6 +12,11 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from kernels_cpu._jit import jit
+from kernels_cpu.parallel import parallel_for
+
+# Rows per thread from which the row-wise ops (rmsnorm, geglu, swiglu) split over the worker threads
+# (prefill); decode rows stay on the calling thread. Rows are independent, so results do not change.
+ROWS_PER_THREAD = 64
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -35,8 +40,21 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     shape = x.shape
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]), dtype=np.float32)
     out = np.empty_like(x2)
-    _rmsnorm(out, x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps))
+    _by_rows(_rmsnorm, out, (x2,), (np.ascontiguousarray(w, dtype=np.float32), np.float32(eps)))
     return out.reshape(shape)
+
+
+def _by_rows(kernel, out, row_args: tuple, args: tuple) -> None:
+    """kernel(out, *row_args, *args) over row chunks of out / row_args (on several threads for many rows)."""
+    n = out.shape[0]
+    if n < 2 * ROWS_PER_THREAD:
+        kernel(out, *row_args, *args)
+        return
+
+    def chunk(lo, hi, _scratch):
+        kernel(out[lo:hi], *(a[lo:hi] for a in row_args), *args)
+
+    parallel_for(chunk, n, ROWS_PER_THREAD, lambda: None)
 
 
 @intrinsic
@@ -271,14 +289,14 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """GELU(gate) * up for (T, F) float32 arrays."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     out = np.empty_like(gate)
-    _geglu(out, gate, gate.view(np.uint32), up, GELU_F16)
+    _by_rows(_geglu, out, (gate, gate.view(np.uint32), up), (GELU_F16,))
     return out
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """SiLU(gate) * up for (T, F) float32 arrays."""
     out = np.empty_like(gate)
-    _swiglu(out, gate, up)
+    _by_rows(_swiglu, out, (gate, up), ())
     return out
 
 

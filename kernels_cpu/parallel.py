@@ -8,15 +8,30 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from kernels_cpu._jit import get_threads
 from kernels_cpu.handoff import run_split
 
 _POOL: ThreadPoolExecutor | None = None
 
 
-def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args) -> None:
+def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> list[int]:
+    """threads + 1 increasing bounds over [0, n_jobs): equal job counts, or (cost: (n_jobs,) per-job work)
+    equal shares of the total cost."""
+    if cost is None:
+        return [n_jobs * c // threads for c in range(threads + 1)]
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(cost, dtype=np.float64))])  # cum[j]: cost of jobs < j
+    target = cum[-1] * np.arange(1, threads) / threads
+    hi = np.minimum(np.searchsorted(cum, target, side="left"), n_jobs)  # first bound with cum >= target
+    cuts = np.where(cum[hi] - target <= target - cum[np.maximum(hi - 1, 0)], hi, hi - 1)  # the nearer one
+    return [0, *np.maximum(cuts, 0).tolist(), n_jobs]
+
+
+def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None) -> None:
     """Call kernel(*args, lo, hi, scratch) over contiguous chunks of [0, n_jobs); the caller's thread
-    takes the first chunk. scratch_fn() makes one private scratch buffer per chunk."""
+    takes the first chunk. scratch_fn() makes one private scratch buffer per chunk. cost: optional (n_jobs,)
+    work per job (e.g. causal attention rows), to split by work instead of job count."""
     global _POOL
     threads = max(1, min(get_threads(), n_jobs // max(1, min_jobs_per_thread)))
     if threads == 1:
@@ -24,7 +39,7 @@ def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *arg
         return
     if _POOL is None or _POOL._max_workers < threads - 1:
         _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")
-    bounds = [n_jobs * c // threads for c in range(threads + 1)]
+    bounds = chunk_bounds(n_jobs, threads, cost)
     if run_split(lambda lo, hi: kernel(*args, lo, hi, scratch_fn()), bounds):
         return
     futs = [_POOL.submit(kernel, *args, bounds[c], bounds[c + 1], scratch_fn()) for c in range(1, threads)]

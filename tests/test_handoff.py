@@ -77,3 +77,28 @@ def test_atomic_flags():
     assert wait_change(ctrl, 0, 0, 1000) == 0  # no change: gives the old value back after the polls
     publish(ctrl, 1, 7)
     assert wait_change(ctrl, 1, 0, 1000) == 7
+
+
+@pytest.mark.parametrize("n,threads,cost,want", [
+    (10, 2, None, [0, 5, 10]),
+    (3, 2, [1, 1, 100], [0, 2, 3]),  # the cut nearest to half the work
+    (6, 2, [1] * 6, [0, 3, 6]),
+    (4, 3, [5, 0, 0, 0], [0, 0, 1, 4]),
+    (8, 2, [1, 2, 3, 4, 5, 6, 7, 8], [0, 6, 8]),  # causal rows: 21 | 15
+])
+def test_chunk_bounds_split_by_work(n, threads, cost, want):
+    from kernels_cpu.parallel import chunk_bounds
+
+    assert chunk_bounds(n, threads, None if cost is None else np.array(cost)) == want
+
+
+def test_parallel_for_by_cost_covers_every_job_once():
+    from kernels_cpu.parallel import parallel_for
+
+    seen = np.zeros(1000, np.int64)
+
+    def kernel(arr, lo, hi, _scratch):
+        arr[lo:hi] += 1
+
+    parallel_for(kernel, 1000, 10, lambda: None, seen, cost=np.arange(1000) ** 2)
+    assert (seen == 1).all()
