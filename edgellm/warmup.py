@@ -18,11 +18,11 @@ def _distinct_weights(model) -> list:
 
 
 def warm_up(llm, *, progress: bool = True) -> None:
-    """Run every distinct matmul type once, then a tiny prefill and decode forward."""
+    """Compile every distinct matmul type's drivers, then run a prefill long enough to take the split
+    (multi-threaded) forms of the other kernels, and a decode step."""
     from tqdm import tqdm
 
-    from kernels_cpu import matmul
-    from kernels_cpu.matmul import U8_MIN_ROWS
+    from kernels_cpu.matmul import warm
 
     model = llm.model
     weights = _distinct_weights(model)
@@ -30,19 +30,19 @@ def warm_up(llm, *, progress: bool = True) -> None:
     with tqdm(total=steps, desc="compiling kernels (first run only)", disable=not progress, delay=1.0,
               leave=False, unit="kernel") as bar:
         for w in weights:
-            k = w.shape[1]
-            # one compiled driver per type and activation form: int16 for decode, uint8 (the VNNI form of the
-            # 32-block formats) from U8_MIN_ROWS rows
-            for m in sorted({1, U8_MIN_ROWS}):
-                matmul(np.zeros((m, k), np.float32), w)
+            warm(w)
             bar.update(1)
-        pool = llm.engine.pool
-        blocks = pool.allocate(1)
+        eng = llm.engine
+        bs = eng.block_size
+        # 144 rows: quantization, row-wise ops and attention split over threads from 64-128 rows
+        n = max(2, min(PREFILL_ROWS, eng.scheduler.token_budget, llm.ctx_size - 1, eng.pool.n_free * bs - 1))
+        blocks = eng.pool.allocate(-(-(n + 1) // bs))
         try:
-            batch = ForwardBatch.single([0, 0], 0, blocks)
-            model.forward(batch, llm.engine.kv)
-            batch = ForwardBatch.single([0], 1, blocks)
-            model.forward(batch, llm.engine.kv)
+            model.forward(ForwardBatch.single([0] * n, 0, blocks), eng.kv)
+            model.forward(ForwardBatch.single([0], n, blocks), eng.kv)
         finally:
-            pool.free(blocks)
+            eng.pool.free(blocks)
         bar.update(1)
+
+
+PREFILL_ROWS = 144

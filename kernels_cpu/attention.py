@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, overload
 
-from kernels_cpu._jit import jit
+from kernels_cpu._jit import jit, parallel_jit
 from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32, ggml_expf
 from kernels_cpu.parallel import parallel_for
 
@@ -406,6 +407,15 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
                           vd, nl, vacc, lanes)
 
 
+@parallel_jit
+def _paged_attention_split(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
+                           bounds, scratch):
+    # _paged_attention over the job chunks [bounds[c], bounds[c+1]) in parallel; scratch (chunks, S)
+    for c in numba.prange(len(bounds) - 1):
+        _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
+                         bounds[c], bounds[c + 1], scratch[c])
+
+
 def paged_attention(q: np.ndarray, kcache: np.ndarray, vcache: np.ndarray, positions: np.ndarray,
                     row_seq: np.ndarray, block_tables: np.ndarray, *, window: int = 0, scale: float,
                     softcap: float = 0.0, single: np.ndarray | None = None) -> np.ndarray:
@@ -461,7 +471,7 @@ def paged_attention(q: np.ndarray, kcache: np.ndarray, vcache: np.ndarray, posit
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  np.ascontiguousarray(kcache).reshape(-1), np.ascontiguousarray(vcache).reshape(-1), dims,
                  positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap),
-                 cost=np.repeat(ctx + 16, KVH))
+                 cost=np.repeat(ctx + 16, KVH), split=_paged_attention_split)
     return out
 
 

@@ -160,3 +160,31 @@ def run_split(fn, bounds: list[int], *args) -> bool:
     finally:
         _BUSY.release()
     return True
+
+
+@jit
+def _noop(a, lo, hi):
+    a[lo] = a[hi - 1]
+
+
+_HANDOFF_S: float | None = None
+
+
+def handoff_seconds() -> float:
+    """Median wall time of one empty run_split over 2 chunks, measured once (0.0 when a split cannot run).
+
+    It is host-dependent: a few µs where a waiting thread wakes quickly, ~50 µs on a VM where each
+    GIL hand-over between the caller and a helper goes through a slow futex wake-up. Callers split work
+    only when it saves more than this."""
+    global _HANDOFF_S
+    if _HANDOFF_S is None:
+        a = np.zeros(2)
+        _noop(a, 0, 2)
+        ts = []
+        for _ in range(60):
+            t = time.perf_counter()
+            if not run_split(_noop, [0, 1, 2], a):
+                return 0.0  # helpers busy (another thread splitting): measure on a later call
+            ts.append(time.perf_counter() - t)
+        _HANDOFF_S = float(np.median(ts[10:]))
+    return _HANDOFF_S

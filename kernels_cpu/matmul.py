@@ -19,12 +19,26 @@ import numpy as np
 from quant.types import FORMATS, QuantType, row_bytes
 
 from ._jit import get_threads, host_features
-from .handoff import run_split
-from .matmul_driver import driver, quantize_act
+from .handoff import handoff_seconds, run_split
+from .matmul_driver import driver, quantize_act, quantize_act_split, split_driver
+from .parallel import FAST_PRANGE, chunk_bounds
 from .repack import LAYOUTS, repack
 
-# Work (multiply-adds) below which one thread is used: thread start-up costs more than it saves.
-PARALLEL_MIN_MACS = 1 << 20
+# Work (multiply-adds) below which one thread is used: splitting costs more than it saves. With a prange
+# pool (FAST_PRANGE: a ~2 µs hand-off) from PARALLEL_MIN_MACS; with the Python-level hand-off from
+# HANDOFF_MIN_MACS, raised on hosts where that hand-off is slow: a split must save twice handoff_seconds()
+# at ~MACS_PER_SECOND per thread (the kernels' rough single-thread rate; 27e9 at 1 row and 56e9 at 8 rows on
+# the AVX-512 test host).
+PARALLEL_MIN_MACS = 1 << 18
+HANDOFF_MIN_MACS = 1 << 20
+MACS_PER_SECOND = 40e9
+
+
+def split_min_macs() -> int:
+    """Multiply-adds from which a matmul is split over the threads on this host."""
+    if FAST_PRANGE:
+        return PARALLEL_MIN_MACS
+    return max(HANDOFF_MIN_MACS, int(2 * handoff_seconds() * MACS_PER_SECOND))
 
 
 @dataclass(eq=False)
@@ -44,12 +58,14 @@ class PreparedWeight:
     _act_block: int = field(init=False, repr=False)  # activation quantization block (0: float activations)
     _kp: int = field(init=False, repr=False)  # K padded to whole kernel blocks
     _run: object = field(init=False, repr=False)  # the compiled driver (lazily compiled on first call)
+    _split: object = field(init=False, repr=False)  # its prange twin over row-group chunks (FAST_PRANGE)
 
     def __post_init__(self):
         lay = LAYOUTS[self.qtype]
         self._act_block = lay.act_block
         self._kp = self.qs.shape[1] * lay.block
         self._run = driver(int(self.qtype))
+        self._split = split_driver(int(self.qtype))
 
     @property
     def nbytes(self) -> int:
@@ -143,8 +159,13 @@ def _quantize_chunk(xq, dx, bs, s1, x, qb, lo, hi, _scratch):
 def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     """quantize_act over row chunks on the worker threads (rows are independent: prefill of 512 rows
     spent ~10% of its time here on one core)."""
-    if x.shape[0] < 64:  # decode: no thread hand-off on the per-token path
-        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, 128 if xq.dtype == np.uint8 else 0)
+    off = 128 if xq.dtype == np.uint8 else 0
+    if x.shape[0] < 64 or get_threads() == 1:  # decode: no thread hand-off on the per-token path
+        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off)
+        return
+    if FAST_PRANGE:
+        bounds = np.array(chunk_bounds(x.shape[0], min(get_threads(), x.shape[0] // 32)), np.int64)
+        quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off, bounds)
         return
     from kernels_cpu.parallel import parallel_for
 
@@ -211,8 +232,10 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
     m, n = out.shape
     groups = pw.qs.shape[0]
     threads = min(get_threads(), groups)
-    if threads == 1 or m * n * pw.shape[1] < PARALLEL_MIN_MACS:
+    if threads == 1 or m * n * pw.shape[1] < split_min_macs():
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
+    elif FAST_PRANGE:
+        pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array(chunk_bounds(groups, threads), np.int64))
     else:
         _run_threads(pw._run, threads, out, xq, dx, bs, pw)
 
@@ -235,6 +258,18 @@ def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None
     run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1])
     for f in futs:
         f.result()
+
+
+def warm(pw: PreparedWeight) -> None:
+    """Compile (or load from Numba's cache) every driver a matmul with pw can run: one thread and split over
+    row-group chunks, for each activation form (int16; uint8 for the 32-block formats from U8_MIN_ROWS)."""
+    k, g = pw.shape[1], pw.qs.shape[0]
+    for m in sorted({1, U8_MIN_ROWS}):
+        xq, dx, bs = _prepare_x(np.zeros((m, k), np.float32), pw)
+        out = np.empty((m, pw.shape[0]), np.float32)
+        pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
+        if FAST_PRANGE:
+            pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
 
 
 def get_rows(pw: PreparedWeight, ids) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import types
 from pathlib import Path
 
 import numba
@@ -137,6 +138,27 @@ def make_driver(fmt: int, cache: bool = True):
     return jit(run_groups) if cache else numba.njit(nogil=True)(run_groups)
 
 
+def _split_template(tag):
+    def run_chunks(y, xq, dx, bs, qs, sc, bounds):
+        if tag is None:  # never: the source tag keys the cache (see make_driver)
+            return
+        for c in numba.prange(len(bounds) - 1):
+            serial(y, xq, dx, bs, qs, sc, bounds[c], bounds[c + 1])  # noqa: F821 - bound per format below
+    return run_chunks
+
+
+def make_split_driver(serial, cache: bool = True):
+    """`run(y, xq, dx, bs, qs, sc, bounds)`: serial(..., bounds[c], bounds[c+1]) for each chunk c in one
+    prange loop (Numba's OpenMP workers: a ~2 µs hand-off, where a Python-level thread hand-off costs one
+    GIL hand-over each way, ~40 µs on a VM). `serial` is bound as a global of a per-format copy of the
+    function (a dispatcher in a closure cell would change the cache key every process)."""
+    t = _split_template(SOURCE_TAG)
+    name = f"{serial.py_func.__name__}_split"
+    fn = types.FunctionType(t.__code__, dict(globals(), serial=serial), name, None, t.__closure__)
+    fn.__qualname__ = name
+    return numba.njit(cache=cache, nogil=True, parallel=True)(fn)
+
+
 _DRIVERS: dict[int, object] = {}
 
 
@@ -146,3 +168,28 @@ def driver(fmt: int):
     if d is None:
         d = _DRIVERS[fmt] = make_driver(int(fmt))
     return d
+
+
+_SPLIT_DRIVERS: dict[int, object] = {}
+
+
+def split_driver(fmt: int):
+    """Compiled (lazily, cached) `run(y, xq, dx, bs, qs, sc, bounds)` running driver(fmt) over the row-group
+    chunks [bounds[c], bounds[c+1]) in parallel (see make_split_driver)."""
+    d = _SPLIT_DRIVERS.get(fmt)
+    if d is None:
+        d = _SPLIT_DRIVERS[fmt] = make_split_driver(driver(fmt))
+    return d
+
+
+@jit
+def _quantize_chunks(xq, dx, bs, s1, x, qb, off, c, bounds):
+    lo, hi = bounds[c], bounds[c + 1]
+    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], s1[lo:hi], x[lo:hi], qb, off)  # s1 with 0 columns: unused
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def quantize_act_split(xq, dx, bs, s1, x, qb, off, bounds):
+    """quantize_act over the row chunks [bounds[c], bounds[c+1]) in parallel."""
+    for c in numba.prange(len(bounds) - 1):
+        _quantize_chunks(xq, dx, bs, s1, x, qb, off, c, bounds)

@@ -11,8 +11,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels_cpu._jit import jit
-from kernels_cpu.parallel import parallel_for
+from kernels_cpu._jit import get_threads, jit, parallel_jit
+from kernels_cpu.parallel import FAST_PRANGE, chunk_bounds, parallel_for
 
 # Rows per thread from which the row-wise ops (rmsnorm, geglu, swiglu) split over the worker threads
 # (prefill); decode rows stay on the calling thread. Rows are independent, so results do not change.
@@ -47,8 +47,12 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 def _by_rows(kernel, out, row_args: tuple, args: tuple) -> None:
     """kernel(out, *row_args, *args) over row chunks of out / row_args (on several threads for many rows)."""
     n = out.shape[0]
-    if n < 2 * ROWS_PER_THREAD:
+    if n < 2 * ROWS_PER_THREAD or get_threads() == 1:
         kernel(out, *row_args, *args)
+        return
+    if FAST_PRANGE:
+        bounds = np.array(chunk_bounds(n, min(get_threads(), n // ROWS_PER_THREAD)), np.int64)
+        _ROW_SPLITS[kernel](out, *row_args, *args, bounds)
         return
 
     def chunk(lo, hi, _scratch):
@@ -291,6 +295,31 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     out = np.empty_like(gate)
     _by_rows(_geglu, out, (gate, gate.view(np.uint32), up), (GELU_F16,))
     return out
+
+
+# prange twins of the row-wise kernels: the same kernel over row chunks [bounds[c], bounds[c+1])
+@parallel_jit
+def _rmsnorm_split(out, x, w, eps, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _rmsnorm(out[lo:hi], x[lo:hi], w, eps)
+
+
+@parallel_jit
+def _geglu_split(out, gate, gate_bits, up, table, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _geglu(out[lo:hi], gate[lo:hi], gate_bits[lo:hi], up[lo:hi], table)
+
+
+@parallel_jit
+def _swiglu_split(out, gate, up, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _swiglu(out[lo:hi], gate[lo:hi], up[lo:hi])
+
+
+_ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_split}
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -6,14 +6,36 @@ fights the matmul threads; the spinning helpers of kernels_cpu.handoff with cont
 """
 from __future__ import annotations
 
+import importlib
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 from kernels_cpu._jit import get_threads
 from kernels_cpu.handoff import run_split
 
 _POOL: ThreadPoolExecutor | None = None
+
+
+def _fast_prange() -> bool:
+    """True when Numba's prange runs on a persistent OpenMP or TBB pool (a ~2 µs hand-off, no GIL): then the
+    kernels split work with prange twins. Else (the workqueue layer starts threads per call) they use
+    parallel_for's Python-level hand-off."""
+    layer = str(numba.config.THREADING_LAYER)
+    if layer == "workqueue":
+        return False
+    pools = {"omp": ["omppool"], "tbb": ["tbbpool"], "safe": ["tbbpool"]}.get(layer, ["tbbpool", "omppool"])
+    for mod in pools:
+        try:
+            importlib.import_module(f"numba.np.ufunc.{mod}")
+            return True
+        except (ImportError, OSError):
+            continue
+    return False
+
+
+FAST_PRANGE = _fast_prange()
 
 
 def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> list[int]:
@@ -28,14 +50,20 @@ def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> l
     return [0, *np.maximum(cuts, 0).tolist(), n_jobs]
 
 
-def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None) -> None:
+def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None, split=None) -> None:
     """Call kernel(*args, lo, hi, scratch) over contiguous chunks of [0, n_jobs); the caller's thread
-    takes the first chunk. scratch_fn() makes one private scratch buffer per chunk. cost: optional (n_jobs,)
-    work per job (e.g. causal attention rows), to split by work instead of job count."""
+    takes the first chunk. scratch_fn() makes one private scratch array per chunk. cost: optional (n_jobs,)
+    work per job (e.g. causal attention rows), to split by work instead of job count. split: optional prange
+    twin split(*args, bounds, scratches) running kernel(*args, bounds[c], bounds[c+1], scratches[c]) for each
+    chunk c, used when FAST_PRANGE."""
     global _POOL
     threads = max(1, min(get_threads(), n_jobs // max(1, min_jobs_per_thread)))
     if threads == 1:
         kernel(*args, 0, n_jobs, scratch_fn())
+        return
+    if split is not None and FAST_PRANGE:
+        split(*args, np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64),
+              np.stack([scratch_fn() for _ in range(threads)]))
         return
     if _POOL is None or _POOL._max_workers < threads - 1:
         _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")

@@ -102,3 +102,43 @@ def test_parallel_for_by_cost_covers_every_job_once():
 
     parallel_for(kernel, 1000, 10, lambda: None, seen, cost=np.arange(1000) ** 2)
     assert (seen == 1).all()
+
+
+def test_prange_twins_equal_python_handoff_and_serial(monkeypatch):
+    """The kernels' two ways of splitting work (prange twins on a persistent pool; the Python-level
+    hand-off as fallback) and one thread give bit-identical results: matmul, activation quantization,
+    row-wise ops and attention."""
+    import sys
+
+    from kernels_cpu import matmul, parallel, prepare_weight, set_threads
+    from kernels_cpu.attention import paged_attention
+    from kernels_cpu.ops import geglu, rmsnorm, swiglu
+    from quant.types import QuantType as Q
+    from test_kernels_matmul import random_weight
+
+    mm, ops = sys.modules["kernels_cpu.matmul"], sys.modules["kernels_cpu.ops"]
+    rng = np.random.default_rng(5)
+    pws = [prepare_weight(random_weight(qt, 96, 512, rng), qt, (96, 512)) for qt in (Q.Q8_0, Q.Q4_K, Q.Q5_1)]
+    x = rng.standard_normal((300, 512)).astype(np.float32)
+    g, u = rng.standard_normal((2, 300, 64)).astype(np.float32) * 4
+    T, P, KVH, H, hd = 200, 200, 2, 4, 32
+    k, v = rng.standard_normal((2, 16, 16, KVH, hd)).astype(np.float32)  # 16 blocks of 16 cells
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    bt = rng.permutation(16)[None, :]
+
+    def run():
+        return ([matmul(x, pw) for pw in pws] + [rmsnorm(x, x[0], 1e-6), geglu(g, u), swiglu(g, u)]
+                + [paged_attention(q, k, v, np.arange(P - T, P), np.zeros(T, np.int64), bt, window=w, scale=0.2)
+                   for w in (0, 50)])
+
+    assert parallel.FAST_PRANGE == mm.FAST_PRANGE == ops.FAST_PRANGE
+    first = run()
+    for fast, threads in ((not parallel.FAST_PRANGE, 2), (True, 1)):
+        for mod in (mm, ops, parallel):
+            monkeypatch.setattr(mod, "FAST_PRANGE", fast)
+        set_threads(threads)
+        try:
+            for a, b in zip(run(), first):
+                np.testing.assert_array_equal(a, b)
+        finally:
+            set_threads()

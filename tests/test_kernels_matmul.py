@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kernels_cpu import _jit, get_rows, matmul, matmul_many, prepare_weight
-from kernels_cpu.matmul import PARALLEL_MIN_MACS, _prepare_x
+from kernels_cpu.matmul import _prepare_x, split_min_macs
 from kernels_cpu.matmul_driver import make_driver
 from kernels_cpu.repack import LAYOUTS
 from quant.formats import dequantize
@@ -152,7 +152,7 @@ def test_batch_invariance(qt):
     """A row's result is bit-identical whatever the batch (M = 1, 8, 37; serial or threaded)."""
     rng = np.random.default_rng(7)
     k = 512
-    n = max(48, PARALLEL_MIN_MACS // (37 * k) + 16)  # M=37 takes the threaded path
+    n = max(48, split_min_macs() // (37 * k) + 16)  # M=37 takes the threaded path
     pw = prepare_weight(random_weight(qt, n, k, rng), qt, (n, k))
     x = rng.standard_normal((37, k)).astype(np.float32)
     y37 = matmul(x, pw)
