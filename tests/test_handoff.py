@@ -142,3 +142,20 @@ def test_prange_twins_equal_python_handoff_and_serial(monkeypatch):
                 np.testing.assert_array_equal(a, b)
         finally:
             set_threads()
+
+
+def test_warm_up_runs_in_a_short_lived_thread_and_reraises(monkeypatch):
+    """Warm-up must not leave the caller's thread with an OpenMP team (see edgellm.warmup.warm_up)."""
+    from edgellm import warmup
+
+    seen = []
+    monkeypatch.setattr(warmup, "_warm_up", lambda llm, progress: seen.append(threading.current_thread()))
+    warmup.warm_up(object(), progress=False)
+    assert seen and seen[0] is not threading.main_thread() and not seen[0].is_alive()
+
+    def boom(llm, progress):
+        raise RuntimeError("compile failed")
+
+    monkeypatch.setattr(warmup, "_warm_up", boom)
+    with pytest.raises(RuntimeError, match="compile failed"):
+        warmup.warm_up(object(), progress=False)
