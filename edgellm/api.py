@@ -184,19 +184,21 @@ class LLM:
         """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no
         sampling, nothing cached): for scoring and for comparisons with reference implementations."""
         ids = self._prompt_ids(list(token_ids))
-        eng = self.engine
-        with self.loop.step_lock:  # direct model use must not race the engine thread
-            blocks = eng.pool.allocate(-(-len(ids) // eng.block_size))
-            if blocks is None or len(ids) > self.ctx_size:
-                from edgellm.errors import ContextOverflowError
+        return self.loop.call(lambda: self._logits(ids))  # on the engine thread, between its steps
 
-                if blocks is not None:
-                    eng.pool.free(blocks)
-                raise ContextOverflowError(f"{len(ids)} tokens do not fit in the free KV cache / context")
-            try:
-                return self.model.forward(ForwardBatch.single(ids, 0, blocks, all_logits=True), eng.kv)
-            finally:
+    def _logits(self, ids: list[int]) -> np.ndarray:
+        eng = self.engine
+        blocks = eng.pool.allocate(-(-len(ids) // eng.block_size))
+        if blocks is None or len(ids) > self.ctx_size:
+            from edgellm.errors import ContextOverflowError
+
+            if blocks is not None:
                 eng.pool.free(blocks)
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit in the free KV cache / context")
+        try:
+            return self.model.forward(ForwardBatch.single(ids, 0, blocks, all_logits=True), eng.kv)
+        finally:
+            eng.pool.free(blocks)
 
     def stats(self) -> dict:
         """Engine metrics: KV blocks total/used/free/cached, evictions, preemptions, queue sizes."""

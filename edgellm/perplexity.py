@@ -23,6 +23,13 @@ class PerplexityResult:
 
 def perplexity(llm, text: str, *, n_ctx: int = 512, progress: bool = False, chunk: int = 256) -> PerplexityResult:
     """Perplexity of text under llm's model (see module doc). Needs at least 2 * n_ctx tokens... or one window."""
+    loop = getattr(llm, "loop", None)  # on the engine thread (between its steps) when the LLM has one
+    if loop is not None:
+        return loop.call(lambda: _perplexity(llm, text, n_ctx, progress, chunk))
+    return _perplexity(llm, text, n_ctx, progress, chunk)
+
+
+def _perplexity(llm, text: str, n_ctx: int, progress: bool, chunk: int) -> PerplexityResult:
     from tqdm import tqdm
 
     toks = llm.tokenizer.encode(text, add_bos=True, special=False)

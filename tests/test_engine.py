@@ -161,3 +161,21 @@ def test_loop_reports_the_error_to_its_caller_only(tiny_llm, monkeypatch):
     with pytest.raises(ZeroDivisionError):
         h_bad.result(timeout=60)
     assert h_good.result(timeout=60).finish_reason == "length"
+
+
+def test_direct_model_use_runs_on_the_engine_thread(tiny_llm):
+    """logits() and loop.call() run on the engine thread between steps (one OpenMP team per process),
+    interleaved with generation, and hand results and exceptions back to the caller."""
+    import threading
+
+    p = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    alone = tiny_llm.generate([3, 4, 5], p).token_ids
+    h = tiny_llm.loop.submit([3, 4, 5], p)
+    where = tiny_llm.loop.call(lambda: threading.current_thread().name)
+    assert where == "edgellm-engine"
+    before = tiny_llm.logits([1, 2, 3])
+    assert h.result(60).token_ids == alone
+    np.testing.assert_array_equal(tiny_llm.logits([1, 2, 3]), before)
+    with pytest.raises(ZeroDivisionError):
+        tiny_llm.loop.call(lambda: 1 / 0)
+    assert tiny_llm.generate([3, 4, 5], p).token_ids == alone  # the loop still serves

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future
 from typing import Callable, Iterator
 
 from edgellm.engine.request import Request, RequestOutput
@@ -57,6 +58,7 @@ class EngineLoop:
         self._cv = threading.Condition()
         self._inbox: list[tuple[RequestHandle, list[int], object, int]] = []
         self._cancel: list[RequestHandle] = []
+        self._calls: list[tuple[Callable[[], object], Future]] = []
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -76,6 +78,20 @@ class EngineLoop:
             self._cv.notify()
         return h
 
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run fn() on the engine thread between steps (holding step_lock) and return its result, re-raising
+        its exception: direct model use (logits, perplexity) then neither races the engine nor launches
+        kernels from a second thread (each thread that launches prange loops keeps its own OpenMP team,
+        and two live teams make every launch slow; see edgellm.warmup)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        with self._cv:
+            self._calls.append((fn, fut))
+            self._ensure_thread()
+            self._cv.notify()
+        return fut.result()
+
     def cancel(self, h: RequestHandle) -> None:
         with self._cv:
             self._cancel.append(h)
@@ -90,10 +106,11 @@ class EngineLoop:
         eng = self.engine
         while True:
             with self._cv:
-                while not (self._inbox or self._cancel or eng.has_work() or self._stop):
+                while not (self._inbox or self._cancel or self._calls or eng.has_work() or self._stop):
                     self._cv.wait()
                 if self._stop:
                     return
+                calls, self._calls = self._calls, []
                 for h in self._inbox:
                     self._handles[h.request.id] = h
                     eng.enqueue(h.request)
@@ -102,6 +119,15 @@ class EngineLoop:
                     if h.request is not None:
                         h.request.cancel()
                 self._cancel.clear()
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        with self.step_lock:
+                            fut.set_result(fn())
+                    except BaseException as e:  # handed to the caller
+                        fut.set_exception(e)
+            if not eng.has_work():
+                continue
             try:
                 with self.step_lock:
                     touched = eng.step()
