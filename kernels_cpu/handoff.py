@@ -11,6 +11,7 @@ Protocol per helper (ctrl: int64 array, written with release stores, read with a
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -131,6 +132,16 @@ class Helper:
 
 _HELPERS: list[Helper] = []
 _BUSY = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _BUSY, _HANDOFF_S
+    _HELPERS.clear()  # their threads do not exist in a forked child: start new ones on first use
+    _BUSY = threading.Lock()
+    _HANDOFF_S = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def helpers(n: int) -> list[Helper]:

@@ -11,6 +11,7 @@ activations. One code path serves every M, so a row's output does not depend on 
 """
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,7 +22,8 @@ from quant.types import FORMATS, QuantType, row_bytes
 from ._jit import get_threads, host_features
 from .handoff import handoff_seconds, run_split
 from .matmul_driver import driver, quantize_act, quantize_act_split, split_driver
-from .parallel import FAST_PRANGE, chunk_bounds
+from . import parallel
+from .parallel import chunk_bounds
 from .repack import LAYOUTS, repack
 
 # Work (multiply-adds) below which one thread is used: splitting costs more than it saves. With a prange
@@ -36,7 +38,7 @@ MACS_PER_SECOND = 40e9
 
 def split_min_macs() -> int:
     """Multiply-adds from which a matmul is split over the threads on this host."""
-    if FAST_PRANGE:
+    if parallel.FAST_PRANGE:
         return PARALLEL_MIN_MACS
     return max(HANDOFF_MIN_MACS, int(2 * handoff_seconds() * MACS_PER_SECOND))
 
@@ -163,7 +165,7 @@ def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     if x.shape[0] < 64 or get_threads() == 1:  # decode: no thread hand-off on the per-token path
         quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off)
         return
-    if FAST_PRANGE:
+    if parallel.FAST_PRANGE:
         bounds = np.array(chunk_bounds(x.shape[0], min(get_threads(), x.shape[0] // 32)), np.int64)
         quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off, bounds)
         return
@@ -234,7 +236,7 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
     threads = min(get_threads(), groups)
     if threads == 1 or m * n * pw.shape[1] < split_min_macs():
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
-    elif FAST_PRANGE:
+    elif parallel.FAST_PRANGE:
         pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array(chunk_bounds(groups, threads), np.int64))
     else:
         _run_threads(pw._run, threads, out, xq, dx, bs, pw)
@@ -242,6 +244,14 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
+
+
+def _after_fork_in_child() -> None:
+    global _POOL, _POOL_SIZE
+    _POOL, _POOL_SIZE = None, 0  # the parent's worker threads do not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None:
@@ -268,7 +278,7 @@ def warm(pw: PreparedWeight) -> None:
         xq, dx, bs = _prepare_x(np.zeros((m, k), np.float32), pw)
         out = np.empty((m, pw.shape[0]), np.float32)
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
-        if FAST_PRANGE:
+        if parallel.FAST_PRANGE:
             pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
 
 

@@ -1,6 +1,7 @@
 """kernels_cpu.handoff: spinning helper threads that run split kernel calls."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -108,15 +109,12 @@ def test_prange_twins_equal_python_handoff_and_serial(monkeypatch):
     """The kernels' two ways of splitting work (prange twins on a persistent pool; the Python-level
     hand-off as fallback) and one thread give bit-identical results: matmul, activation quantization,
     row-wise ops and attention."""
-    import sys
-
     from kernels_cpu import matmul, parallel, prepare_weight, set_threads
     from kernels_cpu.attention import paged_attention
     from kernels_cpu.ops import geglu, rmsnorm, swiglu
     from quant.types import QuantType as Q
     from test_kernels_matmul import random_weight
 
-    mm, ops = sys.modules["kernels_cpu.matmul"], sys.modules["kernels_cpu.ops"]
     rng = np.random.default_rng(5)
     pws = [prepare_weight(random_weight(qt, 96, 512, rng), qt, (96, 512)) for qt in (Q.Q8_0, Q.Q4_K, Q.Q5_1)]
     x = rng.standard_normal((300, 512)).astype(np.float32)
@@ -131,11 +129,9 @@ def test_prange_twins_equal_python_handoff_and_serial(monkeypatch):
                 + [paged_attention(q, k, v, np.arange(P - T, P), np.zeros(T, np.int64), bt, window=w, scale=0.2)
                    for w in (0, 50)])
 
-    assert parallel.FAST_PRANGE == mm.FAST_PRANGE == ops.FAST_PRANGE
     first = run()
     for fast, threads in ((not parallel.FAST_PRANGE, 2), (True, 1)):
-        for mod in (mm, ops, parallel):
-            monkeypatch.setattr(mod, "FAST_PRANGE", fast)
+        monkeypatch.setattr(parallel, "FAST_PRANGE", fast)
         set_threads(threads)
         try:
             for a, b in zip(run(), first):
@@ -159,3 +155,48 @@ def test_warm_up_runs_in_a_short_lived_thread_and_reraises(monkeypatch):
     monkeypatch.setattr(warmup, "_warm_up", boom)
     with pytest.raises(RuntimeError, match="compile failed"):
         warmup.warm_up(object(), progress=False)
+
+
+def _forked_child(q):
+    from kernels_cpu import matmul, prepare_weight
+    from kernels_cpu.ops import rmsnorm
+    from quant.types import QuantType as Q
+    from test_kernels_matmul import random_weight
+
+    rng = np.random.default_rng(9)
+    pw = prepare_weight(random_weight(Q.Q8_0, 512, 512, rng), Q.Q8_0, (512, 512))
+    x = rng.standard_normal((200, 512)).astype(np.float32)
+    q.put((matmul(x, pw), rmsnorm(x, x[0], 1e-6)))
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="no fork")
+def test_kernels_work_in_a_forked_child_after_the_parent_used_them():
+    """GNU OpenMP terminates a forked child that launches a parallel region once the parent used one: the
+    child falls back to the Python-level hand-off (fresh helper threads) and gets the same results."""
+    import multiprocessing as mp
+
+    from kernels_cpu import matmul, prepare_weight
+    from kernels_cpu.ops import rmsnorm
+    from quant.types import QuantType as Q
+    from test_kernels_matmul import random_weight
+
+    rng = np.random.default_rng(9)
+    pw = prepare_weight(random_weight(Q.Q8_0, 512, 512, rng), Q.Q8_0, (512, 512))
+    x = rng.standard_normal((200, 512)).astype(np.float32)
+    want = (matmul(x, pw), rmsnorm(x, x[0], 1e-6))  # the parent splits work first
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_forked_child, args=(q,))
+    p.start()
+    import queue
+
+    for _ in range(300):
+        try:
+            got = q.get(timeout=1)
+            break
+        except queue.Empty:
+            assert p.is_alive(), f"the forked child died (exit code {p.exitcode})"
+    p.join(30)
+    assert p.exitcode == 0
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
