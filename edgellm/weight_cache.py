@@ -3,7 +3,9 @@ memory-mapped, so a warm start repacks nothing and resident memory stays near th
 own pages are then only touched for embedding rows).
 
 Keyed by the GGUF's path, size and mtime and by the repacking code's hash; `EDGELLM_WEIGHT_CACHE=0` turns
-it off (weights are then repacked in memory at every start).
+it off (weights are then repacked in memory at every start). Each entry records its source; when a new entry
+is written, entries that can never be used again (source file gone or changed, older repacking code) are
+deleted, and then the least recently used ones while the cache exceeds `EDGELLM_WEIGHT_CACHE_GB` (default 8).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from edgellm.gguf_file import GGUFFile
 from edgellm.model_path import cache_dir
 
 ALIGN = 64
+META = "__source__"  # index key of an entry's source record (tensor names never start with "__")
+DEFAULT_MAX_GB = 8.0
 
 
 def _code_tag() -> str:
@@ -27,9 +31,14 @@ def _code_tag() -> str:
     return hashlib.sha256(Path(rp.__file__).read_bytes()).hexdigest()[:12]
 
 
-def _key(g: GGUFFile, names: list[str]) -> str:
+def _source(g: GGUFFile) -> dict:
     st = os.stat(g.path)
-    h = hashlib.sha256(f"{os.path.realpath(g.path)}|{st.st_size}|{st.st_mtime_ns}|{_code_tag()}".encode())
+    return {"path": os.path.realpath(g.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "code": _code_tag()}
+
+
+def _key(g: GGUFFile, names: list[str]) -> str:
+    src = _source(g)
+    h = hashlib.sha256(f"{src['path']}|{src['size']}|{src['mtime_ns']}|{src['code']}".encode())
     h.update("|".join(names).encode())
     return h.hexdigest()[:24]
 
@@ -65,6 +74,11 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
             _build(g, names, fresh, base, progress)
         except OSError:  # read-only or full cache dir: repack in memory
             return {n: fresh(n) for n in names}
+    else:
+        try:
+            os.utime(index_path)  # last use, for least-recently-used pruning
+        except OSError:
+            pass
     index = json.loads(index_path.read_text())
     data = np.memmap(data_path, dtype=np.uint8, mode="r")
     data._mmap.madvise(mmap.MADV_SEQUENTIAL)  # matmuls stream each weight front to back
@@ -83,7 +97,7 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
 
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = base.with_suffix(f".bin.{os.getpid()}.part")
-    index = {}
+    index: dict = {META: _source(g)}
     total = sum(g.tensors[n].n_bytes for n in names)
     with open(tmp, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, disable=not progress, leave=False,
                                     desc="preparing weights (first run only)") as bar:
@@ -102,3 +116,71 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
             bar.update(g.tensors[name].n_bytes)
     os.replace(tmp, base.with_suffix(".bin"))
     base.with_suffix(".json").write_text(json.dumps(index))
+    prune(base.parent, keep=base.name)
+
+
+def _max_bytes() -> float:
+    try:
+        return float(os.environ.get("EDGELLM_WEIGHT_CACHE_GB", DEFAULT_MAX_GB)) * 2**30
+    except ValueError:
+        return DEFAULT_MAX_GB * 2**30
+
+
+def _dead(meta: dict | None) -> bool:
+    """True when an entry can never be used again: its source GGUF is gone or changed, or it was made by
+    other repacking code. Entries without a source record (older versions) are only pruned by size."""
+    if not meta:
+        return False
+    try:
+        st = os.stat(meta["path"])
+    except OSError:
+        return True
+    return st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"] or meta["code"] != _code_tag()
+
+
+def prune(folder: Path, *, keep: str = "", max_bytes: float | None = None) -> list[str]:
+    """Delete dead cache entries, then the least recently used ones while the entries (other than `keep`)
+    and `keep` exceed max_bytes (default: $EDGELLM_WEIGHT_CACHE_GB). Also removes partial files of builds
+    that died more than a day ago. Returns the deleted entry names. Deleting a file another process has
+    memory-mapped is safe on POSIX (its pages stay until unmapped); errors leave the entry in place."""
+    import time
+
+    limit = _max_bytes() if max_bytes is None else max_bytes
+    entries = []  # (last use, name, bytes)
+    deleted = []
+
+    def remove(name: str) -> None:
+        try:
+            for suffix in (".bin", ".json"):
+                (folder / name).with_suffix(suffix).unlink(missing_ok=True)
+            deleted.append(name)
+        except OSError:
+            pass
+
+    for idx in folder.glob("*.json"):
+        name = idx.stem
+        try:
+            meta = json.loads(idx.read_text()).get(META)
+            size = (folder / name).with_suffix(".bin").stat().st_size
+            used = idx.stat().st_mtime
+        except (OSError, ValueError, AttributeError):
+            continue
+        if name != keep and _dead(meta):
+            remove(name)
+        else:
+            entries.append((used, name, size))
+    total = sum(sz for _, _, sz in entries)
+    for used, name, size in sorted(entries):  # least recently used first
+        if total <= limit:
+            break
+        if name == keep:
+            continue
+        remove(name)
+        total -= size
+    for part in folder.glob("*.part"):
+        try:
+            if time.time() - part.stat().st_mtime > 86400:
+                part.unlink()
+        except OSError:
+            pass
+    return deleted

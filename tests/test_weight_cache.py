@@ -1,0 +1,86 @@
+"""Repacked-weight cache: reuse, source records, and pruning of dead and least recently used entries."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from tiny_models import write_tiny_model
+
+from edgellm import weight_cache as wc
+from edgellm.gguf_file import read_gguf
+
+
+def _load(path):
+    g = read_gguf(path)
+    names = [n for n, t in g.tensors.items() if len(t.shape) == 2]
+    return wc.prepare_all(g, names), wc.cache_dir() / "weights" / wc._key(g, names)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("EDGELLM_WEIGHT_CACHE", raising=False)
+    monkeypatch.delenv("EDGELLM_WEIGHT_CACHE_GB", raising=False)
+    return tmp_path / "cache" / "weights"
+
+
+def _entries(folder) -> set[str]:
+    return {p.stem for p in folder.glob("*.bin")}
+
+
+def test_entry_records_its_source_and_is_reused(tmp_path, cache):
+    m = write_tiny_model(tmp_path / "a.gguf", "llama", seed=1)
+    w1, base = _load(m)
+    meta = json.loads(base.with_suffix(".json").read_text())[wc.META]
+    assert meta["path"] == os.path.realpath(m) and meta["size"] == os.path.getsize(m)
+    built = base.with_suffix(".bin").stat().st_mtime_ns
+    os.utime(base.with_suffix(".json"), (1, 1))  # pretend it was last used long ago
+    w2, base2 = _load(m)
+    assert base2 == base and base.with_suffix(".bin").stat().st_mtime_ns == built  # not rebuilt
+    assert base.with_suffix(".json").stat().st_mtime > 1  # use recorded
+    for n in w1:
+        np.testing.assert_array_equal(w1[n].qs, w2[n].qs)
+
+
+def test_entries_of_deleted_or_changed_models_are_pruned(tmp_path, cache):
+    a = write_tiny_model(tmp_path / "a.gguf", "llama", seed=1)
+    b = write_tiny_model(tmp_path / "b.gguf", "llama", seed=2)
+    _, ea = _load(a)
+    _, eb = _load(b)
+    os.remove(a)
+    with open(b, "ab") as f:  # b changed: its old entry can never be used again
+        f.write(b"\0" * 32)
+    c = write_tiny_model(tmp_path / "c.gguf", "qwen2", seed=3)
+    _, ec = _load(c)  # a new entry prunes dead ones
+    assert _entries(cache) == {ec.name}
+
+
+def test_least_recently_used_entries_go_when_over_the_size_cap(tmp_path, cache, monkeypatch):
+    paths = [write_tiny_model(tmp_path / f"{i}.gguf", "llama", seed=i) for i in range(3)]
+    bases = []
+    for i, p in enumerate(paths[:2]):
+        _, e = _load(p)
+        os.utime(e.with_suffix(".json"), (1000 + i, 1000 + i))  # entry 0 least recently used
+        bases.append(e)
+    size = bases[0].with_suffix(".bin").stat().st_size
+    monkeypatch.setenv("EDGELLM_WEIGHT_CACHE_GB", str(2.5 * size / 2**30))  # room for two entries
+    legacy = cache / "legacy000000000000000000"
+    legacy.with_suffix(".bin").write_bytes(b"\0" * 16)
+    legacy.with_suffix(".json").write_text("{}")  # no source record: kept while under the cap
+    _, e2 = _load(paths[2])
+    assert _entries(cache) == {bases[1].name, e2.name, legacy.name}
+    assert wc.prune(cache, keep=e2.name, max_bytes=0) == [bases[1].name, legacy.name]  # least recent first
+    assert _entries(cache) == {e2.name}  # the entry in use is never pruned
+
+
+def test_stale_partial_files_are_removed(tmp_path, cache):
+    cache.mkdir(parents=True)
+    old, new = cache / "x.bin.1.part", cache / "y.bin.2.part"
+    old.write_bytes(b"1")
+    new.write_bytes(b"2")
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    wc.prune(cache)
+    assert not old.exists() and new.exists()
