@@ -23,7 +23,6 @@ from ._jit import get_threads, host_features
 from .handoff import handoff_seconds, run_split
 from .matmul_driver import driver, quantize_act, quantize_act_split, split_driver
 from . import parallel
-from .parallel import chunk_bounds
 from .repack import LAYOUTS, repack
 
 # Work (multiply-adds) below which one thread is used: splitting costs more than it saves. With a prange
@@ -165,8 +164,8 @@ def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     if x.shape[0] < 64 or get_threads() == 1:  # decode: no thread hand-off on the per-token path
         quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off)
         return
-    if parallel.FAST_PRANGE:
-        bounds = np.array(chunk_bounds(x.shape[0], min(get_threads(), x.shape[0] // 32)), np.int64)
+    bounds = parallel.prange_bounds(x.shape[0], min(get_threads(), x.shape[0] // 32))
+    if bounds is not None:
         quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off, bounds)
         return
     from kernels_cpu.parallel import parallel_for
@@ -236,8 +235,8 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
     threads = min(get_threads(), groups)
     if threads == 1 or m * n * pw.shape[1] < split_min_macs():
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
-    elif parallel.FAST_PRANGE:
-        pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array(chunk_bounds(groups, threads), np.int64))
+    elif (bounds := parallel.prange_bounds(groups, threads)) is not None:
+        pw._split(out, xq, dx, bs, pw.qs, pw.sc, bounds)
     else:
         _run_threads(pw._run, threads, out, xq, dx, bs, pw)
 

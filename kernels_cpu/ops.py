@@ -13,7 +13,7 @@ from numba.extending import intrinsic
 
 from kernels_cpu._jit import get_threads, jit, parallel_jit
 from kernels_cpu import parallel
-from kernels_cpu.parallel import chunk_bounds, parallel_for
+from kernels_cpu.parallel import parallel_for
 
 # Rows per thread from which the row-wise ops (rmsnorm, geglu, swiglu) split over the worker threads
 # (prefill); decode rows stay on the calling thread. Rows are independent, so results do not change.
@@ -51,8 +51,8 @@ def _by_rows(kernel, out, row_args: tuple, args: tuple) -> None:
     if n < 2 * ROWS_PER_THREAD or get_threads() == 1:
         kernel(out, *row_args, *args)
         return
-    if parallel.FAST_PRANGE:
-        bounds = np.array(chunk_bounds(n, min(get_threads(), n // ROWS_PER_THREAD)), np.int64)
+    bounds = parallel.prange_bounds(n, min(get_threads(), n // ROWS_PER_THREAD))
+    if bounds is not None:
         _ROW_SPLITS[kernel](out, *row_args, *args, bounds)
         return
 

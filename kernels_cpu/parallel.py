@@ -72,6 +72,19 @@ def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> l
     return [0, *np.maximum(cuts, 0).tolist(), n_jobs]
 
 
+def prange_bounds(n_jobs: int, threads: int, cost=None) -> np.ndarray | None:
+    """int64 chunk bounds for a prange twin over `threads` chunks (see chunk_bounds), or None when prange
+    twins are not in use (FAST_PRANGE false: use the Python-level hand-off). Numba's team size is per
+    launching thread and defaults to every logical CPU: it is set to the kernels' thread count here, so
+    hyper-thread siblings do not spin beside the working threads."""
+    if not FAST_PRANGE:
+        return None
+    n = get_threads()
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+    return np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64)
+
+
 def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None, split=None) -> None:
     """Call kernel(*args, lo, hi, scratch) over contiguous chunks of [0, n_jobs); the caller's thread
     takes the first chunk. scratch_fn() makes one private scratch array per chunk. cost: optional (n_jobs,)
@@ -83,9 +96,9 @@ def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *arg
     if threads == 1:
         kernel(*args, 0, n_jobs, scratch_fn())
         return
-    if split is not None and FAST_PRANGE:
-        split(*args, np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64),
-              np.stack([scratch_fn() for _ in range(threads)]))
+    bounds = prange_bounds(n_jobs, threads, cost) if split is not None else None
+    if bounds is not None:
+        split(*args, bounds, np.stack([scratch_fn() for _ in range(threads)]))
         return
     if _POOL is None or _POOL._max_workers < threads - 1:
         _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")

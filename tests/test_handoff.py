@@ -200,3 +200,30 @@ def test_kernels_work_in_a_forked_child_after_the_parent_used_them():
     assert p.exitcode == 0
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_prange_bounds_sizes_the_calling_threads_team(monkeypatch):
+    """Numba's team size is per launching thread (default: every logical CPU); prange_bounds makes it the
+    kernels' thread count in whichever thread launches (e.g. the engine thread)."""
+    import numba
+
+    from kernels_cpu import parallel, set_threads
+
+    monkeypatch.setattr(parallel, "FAST_PRANGE", True)
+    seen = []
+
+    def run():
+        seen.append(numba.get_num_threads())
+        seen.append(parallel.prange_bounds(10, 1, np.arange(10)).tolist())
+        seen.append(numba.get_num_threads())
+
+    set_threads(1)
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    finally:
+        set_threads()
+    assert seen == [numba.config.NUMBA_NUM_THREADS, [0, 10], 1]
+    monkeypatch.setattr(parallel, "FAST_PRANGE", False)
+    assert parallel.prange_bounds(10, 2) is None
