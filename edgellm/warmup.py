@@ -8,6 +8,8 @@ import numpy as np
 
 from edgellm.models.common import ForwardBatch
 
+PREFILL_ROWS = 144  # warm-up prefill: quantization, row-wise ops and attention split from 64-128 rows
+
 
 def _distinct_weights(model) -> list:
     seen, out = set(), []
@@ -57,7 +59,6 @@ def _warm_up(llm, *, progress: bool) -> None:
             bar.update(1)
         eng = llm.engine
         bs = eng.block_size
-        # 144 rows: quantization, row-wise ops and attention split over threads from 64-128 rows
         n = max(2, min(PREFILL_ROWS, eng.scheduler.token_budget, llm.ctx_size - 1, eng.pool.n_free * bs - 1))
         blocks = eng.pool.allocate(-(-(n + 1) // bs))
         try:
@@ -67,5 +68,3 @@ def _warm_up(llm, *, progress: bool) -> None:
             eng.pool.free(blocks)
         bar.update(1)
 
-
-PREFILL_ROWS = 144

@@ -126,8 +126,8 @@ _Q8_1_WEIGHTS = frozenset({QuantType.Q4_1, QuantType.Q5_1})
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K) (uint8 codes + 128 for the 32-block
-    formats when ACT_U8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead float32 (M, K/16) with the f16-rounded Q8_1 block sums
-    at even columns (see quantize_act); or, for float weights, float32 x zero-padded to whole blocks (dx, bs
+    formats when ACT_U8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead
+    float32 (M, K/16) with the f16-rounded Q8_1 block sums at even columns (see quantize_act); or, for float weights, float32 x zero-padded to whole blocks (dx, bs
     unused)."""
     M, K = x.shape
     qb = pw._act_block
@@ -153,24 +153,25 @@ def _u8(pw: PreparedWeight, m: int) -> bool:
 
 
 def _quantize_chunk(xq, dx, bs, s1, x, qb, lo, hi, _scratch):
-    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], _NO_S1 if s1 is None else s1[lo:hi], x[lo:hi], qb,
-                 128 if xq.dtype == np.uint8 else 0)
+    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], _NO_S1 if s1 is None else s1[lo:hi], x[lo:hi], qb, _off(xq))
+
+
+def _quantize_split(xq, dx, bs, s1, x, qb, bounds):
+    quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, _off(xq), bounds)
+
+
+def _off(xq) -> int:
+    """Code offset of the activation form: 128 for uint8 (the VNNI form), else 0."""
+    return 128 if xq.dtype == np.uint8 else 0
 
 
 def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     """quantize_act over row chunks on the worker threads (rows are independent: prefill of 512 rows
     spent ~10% of its time here on one core)."""
-    off = 128 if xq.dtype == np.uint8 else 0
-    if x.shape[0] < 64 or get_threads() == 1:  # decode: no thread hand-off on the per-token path
-        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off)
+    if x.shape[0] < 64:  # decode: no thread hand-off on the per-token path
+        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, _off(xq))
         return
-    bounds = parallel.prange_bounds(x.shape[0], min(get_threads(), x.shape[0] // 32))
-    if bounds is not None:
-        quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, off, bounds)
-        return
-    from kernels_cpu.parallel import parallel_for
-
-    parallel_for(_quantize_chunk, x.shape[0], 32, lambda: None, xq, dx, bs, s1, x, qb)
+    parallel.parallel_for(_quantize_chunk, x.shape[0], 32, None, xq, dx, bs, s1, x, qb, split=_quantize_split)
 
 
 def _as_input(x: np.ndarray, pw: PreparedWeight) -> np.ndarray:

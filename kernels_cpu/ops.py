@@ -11,8 +11,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from kernels_cpu._jit import get_threads, jit, parallel_jit
-from kernels_cpu import parallel
+from kernels_cpu._jit import jit, parallel_jit
 from kernels_cpu.parallel import parallel_for
 
 # Rows per thread from which the row-wise ops (rmsnorm, geglu, swiglu) split over the worker threads
@@ -48,18 +47,15 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 def _by_rows(kernel, out, row_args: tuple, args: tuple) -> None:
     """kernel(out, *row_args, *args) over row chunks of out / row_args (on several threads for many rows)."""
     n = out.shape[0]
-    if n < 2 * ROWS_PER_THREAD or get_threads() == 1:
+    if n < 2 * ROWS_PER_THREAD:  # decode: straight to the kernel on the per-token path
         kernel(out, *row_args, *args)
         return
-    bounds = parallel.prange_bounds(n, min(get_threads(), n // ROWS_PER_THREAD))
-    if bounds is not None:
-        _ROW_SPLITS[kernel](out, *row_args, *args, bounds)
-        return
+    twin = _ROW_SPLITS[kernel]
 
     def chunk(lo, hi, _scratch):
         kernel(out[lo:hi], *(a[lo:hi] for a in row_args), *args)
 
-    parallel_for(chunk, n, ROWS_PER_THREAD, lambda: None)
+    parallel_for(chunk, n, ROWS_PER_THREAD, None, split=lambda bounds: twin(out, *row_args, *args, bounds))
 
 
 @intrinsic

@@ -87,25 +87,26 @@ def prange_bounds(n_jobs: int, threads: int, cost=None) -> np.ndarray | None:
 
 def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None, split=None) -> None:
     """Call kernel(*args, lo, hi, scratch) over contiguous chunks of [0, n_jobs); the caller's thread
-    takes the first chunk. scratch_fn() makes one private scratch array per chunk. cost: optional (n_jobs,)
-    work per job (e.g. causal attention rows), to split by work instead of job count. split: optional prange
-    twin split(*args, bounds, scratches) running kernel(*args, bounds[c], bounds[c+1], scratches[c]) for each
-    chunk c, used when FAST_PRANGE."""
+    takes the first chunk. scratch_fn() makes one private scratch array per chunk (None: no scratch, kernels
+    get None). cost: optional (n_jobs,) work per job (e.g. causal attention rows), to split by work instead
+    of job count. split: optional prange twin split(*args, bounds[, scratches]) running
+    kernel(*args, bounds[c], bounds[c+1], scratches[c]) for each chunk c, used when FAST_PRANGE."""
     global _POOL
     threads = max(1, min(get_threads(), n_jobs // max(1, min_jobs_per_thread)))
+    scratch = scratch_fn or (lambda: None)
     if threads == 1:
-        kernel(*args, 0, n_jobs, scratch_fn())
+        kernel(*args, 0, n_jobs, scratch())
         return
     bounds = prange_bounds(n_jobs, threads, cost) if split is not None else None
     if bounds is not None:
-        split(*args, bounds, np.stack([scratch_fn() for _ in range(threads)]))
+        split(*args, bounds, *(() if scratch_fn is None else (np.stack([scratch() for _ in range(threads)]),)))
         return
     if _POOL is None or _POOL._max_workers < threads - 1:
         _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")
     bounds = chunk_bounds(n_jobs, threads, cost)
-    if run_split(lambda lo, hi: kernel(*args, lo, hi, scratch_fn()), bounds):
+    if run_split(lambda lo, hi: kernel(*args, lo, hi, scratch()), bounds):
         return
-    futs = [_POOL.submit(kernel, *args, bounds[c], bounds[c + 1], scratch_fn()) for c in range(1, threads)]
-    kernel(*args, bounds[0], bounds[1], scratch_fn())
+    futs = [_POOL.submit(kernel, *args, bounds[c], bounds[c + 1], scratch()) for c in range(1, threads)]
+    kernel(*args, bounds[0], bounds[1], scratch())
     for f in futs:
         f.result()

@@ -179,3 +179,25 @@ def test_direct_model_use_runs_on_the_engine_thread(tiny_llm):
     with pytest.raises(ZeroDivisionError):
         tiny_llm.loop.call(lambda: 1 / 0)
     assert tiny_llm.generate([3, 4, 5], p).token_ids == alone  # the loop still serves
+
+
+def test_call_after_shutdown_runs_in_the_caller():
+    """After shutdown, call() still runs fn (a restarted loop thread runs queued calls, then stops)."""
+    import threading
+
+    from edgellm.engine.loop import EngineLoop
+
+    class Idle:
+        def has_work(self):
+            return False
+
+    loop = EngineLoop(Idle())
+    assert loop.call(lambda: 7) == 7  # on the engine thread
+    loop.shutdown()
+    loop._thread.join(5)
+    assert not loop._thread.is_alive()
+    got = []
+    t = threading.Thread(target=lambda: got.append(loop.call(lambda: 8)), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [8], "call() after shutdown did not return"

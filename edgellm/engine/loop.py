@@ -108,24 +108,26 @@ class EngineLoop:
             with self._cv:
                 while not (self._inbox or self._cancel or self._calls or eng.has_work() or self._stop):
                     self._cv.wait()
-                if self._stop:
-                    return
                 calls, self._calls = self._calls, []
-                for h in self._inbox:
-                    self._handles[h.request.id] = h
-                    eng.enqueue(h.request)
-                self._inbox.clear()
-                for h in self._cancel:
-                    if h.request is not None:
-                        h.request.cancel()
-                self._cancel.clear()
-            for fn, fut in calls:
+                stop = self._stop
+                if not stop:
+                    for h in self._inbox:
+                        self._handles[h.request.id] = h
+                        eng.enqueue(h.request)
+                    self._inbox.clear()
+                    for h in self._cancel:
+                        if h.request is not None:
+                            h.request.cancel()
+                    self._cancel.clear()
+            for fn, fut in calls:  # queued before a shutdown too: their callers are waiting
                 if fut.set_running_or_notify_cancel():
                     try:
                         with self.step_lock:
                             fut.set_result(fn())
                     except BaseException as e:  # handed to the caller
                         fut.set_exception(e)
+            if stop:
+                return
             if not eng.has_work():
                 continue
             try:
