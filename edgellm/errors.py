@@ -1,4 +1,5 @@
 """Named errors. Every failure a user can cause raises one of these (CLI: one line, exit code 2)."""
+from quant.errors import QuantTypeError
 
 
 class EdgeLLMError(Exception):
@@ -13,8 +14,8 @@ class UnsupportedModelError(EdgeLLMError):
     """The GGUF file is valid but describes an architecture or tensor type edgellm cannot run."""
 
 
-class UnsupportedQuantTypeError(UnsupportedModelError):
-    """A tensor uses a quantization type edgellm has no kernel for."""
+class UnsupportedQuantTypeError(UnsupportedModelError, QuantTypeError):
+    """A tensor uses a quantization type edgellm has no kernel for (also a quant.errors.QuantTypeError)."""
 
 
 class ModelNotFoundError(EdgeLLMError):

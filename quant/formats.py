@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from edgellm.errors import UnsupportedQuantTypeError
+from quant.errors import QuantTypeError
 from quant.kquants import KQUANTS as _KQUANTS
 from quant.types import FORMATS, QK_K, QuantType
 
@@ -60,13 +60,13 @@ def dequantize(data: np.ndarray, qtype: QuantType | int, n_elements: int | None 
     data: uint8 array (..., n_bytes) whose last axis holds whole blocks of `qtype`.
     n_elements: if given, the expected length of the output's last axis (checked, ValueError if different).
     Returns float32 (..., n_bytes // type_size * block_size).
-    Raises UnsupportedQuantTypeError for a type without a reference dequantizer, ValueError for a byte length
+    Raises QuantTypeError for a type without a reference dequantizer, ValueError for a byte length
     that is not a whole number of blocks.
     """
     qtype = _as_qtype(qtype)
     fn = _DEQUANT.get(qtype)
     if fn is None:
-        raise UnsupportedQuantTypeError(f"no dequantizer for quant type {qtype.name} ({int(qtype)})")
+        raise QuantTypeError(f"no dequantizer for quant type {qtype.name} ({int(qtype)})")
     fmt = FORMATS[qtype]
     data = _as_bytes(data)
     n_bytes = data.shape[-1]
@@ -106,12 +106,12 @@ def quantize(x: np.ndarray, qtype: QuantType | int) -> np.ndarray:
     x: float array (..., K) (converted to float32 first), K a multiple of the block size.
     Returns uint8 (..., K // block_size * type_size).
     Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and Q2_K..Q6_K (bit-exact with llama.cpp's
-    `quantize_row_qN_K_ref`, quant/kquants.py); UnsupportedQuantTypeError otherwise.
+    `quantize_row_qN_K_ref`, quant/kquants.py); QuantTypeError otherwise.
     """
     qtype = _as_qtype(qtype)
     fn = _QUANT.get(qtype)
     if fn is None:
-        raise UnsupportedQuantTypeError(f"no reference quantizer for quant type {qtype.name} ({int(qtype)})")
+        raise QuantTypeError(f"no reference quantizer for quant type {qtype.name} ({int(qtype)})")
     fmt = FORMATS[qtype]
     x = np.asarray(x).astype(np.float32, copy=False)
     if x.ndim == 0:
@@ -442,12 +442,12 @@ _QUANT.update({QuantType(t): fn for t, fn in _KQUANTS.items()})
 
 
 def _as_qtype(qtype: QuantType | int) -> QuantType:
-    """Accept QuantType, gguf.GGMLQuantizationType or a plain GGML id; unknown ids raise UnsupportedQuantTypeError."""
+    """Accept QuantType, gguf.GGMLQuantizationType or a plain GGML id; unknown ids raise QuantTypeError."""
     try:
         return QuantType(int(qtype))
     except (ValueError, TypeError):
         name = getattr(qtype, "name", None)
-        raise UnsupportedQuantTypeError(
+        raise QuantTypeError(
             f"unknown quant type {qtype!r}" + (f" ({name})" if name else "")
             + f"; supported: {', '.join(t.name for t in sorted(_DEQUANT))}") from None
 

@@ -6,7 +6,7 @@ import gguf.quants
 import numpy as np
 import pytest
 
-from edgellm.errors import UnsupportedQuantTypeError
+from quant.errors import QuantTypeError
 from quant.formats import (
     dequantize,
     dequantize_rows,
@@ -117,13 +117,13 @@ def test_q3_k_scales_layout():
 
 def test_unknown_type_raises_named_error():
     data = np.zeros((2, 34), dtype=np.uint8)
-    with pytest.raises(UnsupportedQuantTypeError, match="unknown quant type"):
+    with pytest.raises(QuantTypeError, match="unknown quant type"):
         dequantize(data, 99)
-    with pytest.raises(UnsupportedQuantTypeError, match="IQ2_XXS"):
+    with pytest.raises(QuantTypeError, match="IQ2_XXS"):
         dequantize(data, gguf.GGMLQuantizationType.IQ2_XXS)
-    with pytest.raises(UnsupportedQuantTypeError, match="Q8_1"):
+    with pytest.raises(QuantTypeError, match="Q8_1"):
         dequantize(np.zeros((1, 40), np.uint8), QuantType.Q8_1)
-    with pytest.raises(UnsupportedQuantTypeError, match="Q8_K"):  # k-quant weights have quantizers (kquants.py)
+    with pytest.raises(QuantTypeError, match="Q8_K"):  # k-quant weights have quantizers (kquants.py)
         quantize(np.zeros((1, 256), np.float32), QuantType.Q8_K)
 
 
