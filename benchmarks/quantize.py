@@ -78,7 +78,7 @@ def main():
     from edgellm.model_path import default_model_path
     from edgellm.perplexity import perplexity
     from kernels_cpu._jit import physical_cores
-    from quant.quantize_model import quantize_model
+    from convert.quantize_model import quantize_model
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)

@@ -5,7 +5,7 @@ Each supported architecture has a small data module (convert/llama.py, qwen2.py,
 `ArchSpec`: HF tensor-name patterns -> GGUF names, config.json keys -> GGUF metadata keys, and a few flags
 (q/k permutation, norm shift, tied output). Tensors are read one at a time (safetensors.safe_open), converted
 and streamed to the output, so memory stays near twice the largest tensor. q8_0 / q4_k_m go through an f16 GGUF
-in a temporary file, then quant.quantize_model (llama.cpp's mixes).
+in a temporary file, then convert.quantize_model (llama.cpp's mixes).
 """
 from __future__ import annotations
 
@@ -303,7 +303,7 @@ def convert_hf(hf_dir: str | os.PathLike, dst: str | os.PathLike, *, outtype: st
         raise InvalidRequestError(f"unknown outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
     hf_dir, dst = Path(hf_dir), Path(dst)
     if outtype in ("q8_0", "q4_k_m"):
-        from quant.quantize_model import quantize_model
+        from convert.quantize_model import quantize_model
 
         fd, tmp = tempfile.mkstemp(suffix=".f16.gguf", dir=dst.parent if dst.parent.exists() else None)
         os.close(fd)

@@ -23,7 +23,7 @@ from quant.mixes import FTYPES
 def quantize(src, dst, ftype, allow_requantize, leave_output_tensor, threads, as_json):
     """Quantize the GGUF model SRC to DST (no imatrix; bytes as llama-quantize writes them)."""
     from kernels_cpu._jit import physical_cores
-    from quant.quantize_model import describe, quantize_model
+    from convert.quantize_model import describe, quantize_model
 
     res = quantize_model(src, dst, ftype, allow_requantize=allow_requantize,
                          leave_output_tensor=leave_output_tensor, threads=threads or physical_cores(),

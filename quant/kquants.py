@@ -16,7 +16,8 @@ import numpy as np
 f32 = np.float32
 GROUP_MAX_EPS = f32(1e-15)
 
-__all__ = ["KQUANTS", "make_qkx2_quants", "make_qx_quants", "make_q3_quants"]
+__all__ = ["KQUANTS", "chunked", "make_qkx2_quants", "make_qx_quants", "make_q3_quants", "quantize_q4_k",
+           "quantize_q6_k"]
 
 
 def _seqsum(a: np.ndarray) -> np.ndarray:
@@ -231,8 +232,8 @@ def _qk_scales_mins(x: np.ndarray, nmax: int, rmin: float, nstep: int, search=No
     return _pack_k_scales(ls, lm), d, dmin, L
 
 
-def _q_q4_k(x: np.ndarray, search=None) -> np.ndarray:
-    """search: a drop-in for make_qkx2_quants (the Numba kernel in quant/quant_numba.py)."""
+def quantize_q4_k(x: np.ndarray, search=None) -> np.ndarray:
+    """search: a drop-in for make_qkx2_quants (the Numba kernel in kernels_cpu/quantize.py)."""
     nb = x.shape[0]
     scales12, d, dmin, L = _qk_scales_mins(x, 15, -1.0, 20, search)
     q = L.astype(np.uint8).reshape(nb, 4, 2, 32)
@@ -251,8 +252,8 @@ def _q_q5_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), scales12, qh, qs], axis=1)
 
 
-def _q_q6_k(x: np.ndarray, search=None) -> np.ndarray:
-    """search: a drop-in for make_qx_quants (the Numba kernel in quant/quant_numba.py)."""
+def quantize_q6_k(x: np.ndarray, search=None) -> np.ndarray:
+    """search: a drop-in for make_qx_quants (the Numba kernel in kernels_cpu/quantize.py)."""
     nb = x.shape[0]
     scales, L = (search or make_qx_quants)(x.reshape(nb * 16, 16), 32)
     scales = scales.reshape(nb, 16)
@@ -331,7 +332,8 @@ def _q_q2_k(x: np.ndarray) -> np.ndarray:
 _BLOCKS_PER_CALL = 2048  # bounds the (n_sub, 32) temporaries to a few MB
 
 
-def _chunked(fn, blocks_per_call: int = _BLOCKS_PER_CALL):
+def chunked(fn, blocks_per_call: int = _BLOCKS_PER_CALL):
+    """Block quantizer -> the same on at most `blocks_per_call` blocks per call (bounds the temporaries)."""
     def run(x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=f32)
         if x.shape[0] <= blocks_per_call:
@@ -342,5 +344,5 @@ def _chunked(fn, blocks_per_call: int = _BLOCKS_PER_CALL):
 
 
 # GGML type id -> block quantizer (quant.formats registers these under QuantType)
-KQUANTS = {10: _chunked(_q_q2_k), 11: _chunked(_q_q3_k), 12: _chunked(_q_q4_k), 13: _chunked(_q_q5_k),
-           14: _chunked(_q_q6_k)}
+KQUANTS = {10: chunked(_q_q2_k), 11: chunked(_q_q3_k), 12: chunked(quantize_q4_k), 13: chunked(_q_q5_k),
+           14: chunked(quantize_q6_k)}

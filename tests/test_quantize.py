@@ -14,7 +14,7 @@ import pytest
 from edgellm.gguf_file import read_gguf
 from quant.formats import dequantize, quantize
 from quant.mixes import fallback_type, plan_types, use_more_bits
-from quant.quantize_model import RequantizeError, quantize_model
+from convert.quantize_model import RequantizeError, quantize_model
 from quant.types import QuantType as T
 from tiny_models import write_tiny_model
 
@@ -80,13 +80,13 @@ def test_leave_output_tensor(f32_models, tmp_path):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K])
 def test_numba_kernels_match_numpy_reference(qtype):
-    from quant.quant_numba import KERNELS
+    from kernels_cpu.quantize import QUANTIZERS
 
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((32, 1024)) * rng.uniform(1e-3, 3, (32, 1))).astype(np.float32)
     x[1, :256] = 0
     x[2, 5] = 40.0  # an outlier
-    assert np.array_equal(KERNELS[qtype](x), quantize(x, qtype))
+    assert np.array_equal(QUANTIZERS[qtype](x), quantize(x, qtype))
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])

@@ -4,7 +4,7 @@
 
 For each tiny model (tests/tiny_models.py) and each llama.cpp ftype, runs `llama_model_quantize` (no imatrix)
 and records {tensor: [type name, sha256 of the tensor bytes]} in tests/golden/quant_golden.json.
-tests/test_quantize.py rebuilds the same F32 models, quantizes them with quant.quantize_model and compares.
+tests/test_quantize.py rebuilds the same F32 models, quantizes them with convert.quantize_model and compares.
 """
 from __future__ import annotations
 

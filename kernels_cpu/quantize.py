@@ -1,5 +1,8 @@
 """Numba kernels for the hot quantizers (Q8_0, Q4_0, and the scale searches of Q4_K / Q6_K).
 
+`QUANTIZERS[qtype]`: float32 (n_rows, n_cols) -> uint8 (n_rows, row_bytes), used by convert/quantize_model.py;
+a type missing here falls back to the NumPy reference (quant.formats.quantize).
+
 Same float32 operations in the same order as the NumPy references (quant/formats.py, quant/kquants.py), so the
 bytes are identical; tests/test_quantize.py checks that. Every int is cast to float32 before it meets a float
 (Numba would promote float32 * int64 to float64). f16 rounding of the block scales stays in NumPy.
@@ -10,7 +13,9 @@ import numpy as np
 
 from kernels_cpu._jit import jit
 from quant import kquants
-from quant.types import QuantType
+from quant.types import FORMATS, QuantType
+
+__all__ = ["QUANTIZERS"]
 
 F0, F05, F1, F85, F127 = np.float32(0), np.float32(0.5), np.float32(1), np.float32(8.5), np.float32(127)
 F01 = np.float32(0.1)
@@ -216,17 +221,15 @@ def make_qx_quants(x, nmax):
 
 
 def q4_k(x: np.ndarray) -> np.ndarray:
-    return kquants._q_q4_k(x, make_qkx2_quants)
+    return kquants.quantize_q4_k(x, make_qkx2_quants)
 
 
 def q6_k(x: np.ndarray) -> np.ndarray:
-    return kquants._q_q6_k(x, make_qx_quants)
+    return kquants.quantize_q6_k(x, make_qx_quants)
 
 
 def _rows(fn, qtype: QuantType):
     """Block kernel -> row kernel: float32 (n_rows, n_cols) -> uint8 (n_rows, row_bytes)."""
-    from quant.types import FORMATS
-
     fmt = FORMATS[qtype]
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -236,9 +239,9 @@ def _rows(fn, qtype: QuantType):
     return run
 
 
-KERNELS = {
+QUANTIZERS = {
     QuantType.Q8_0: _rows(q8_0, QuantType.Q8_0),
     QuantType.Q4_0: _rows(q4_0, QuantType.Q4_0),
-    QuantType.Q4_K: _rows(kquants._chunked(q4_k, 1 << 14), QuantType.Q4_K),
-    QuantType.Q6_K: _rows(kquants._chunked(q6_k, 1 << 14), QuantType.Q6_K),
+    QuantType.Q4_K: _rows(kquants.chunked(q4_k, 1 << 14), QuantType.Q4_K),
+    QuantType.Q6_K: _rows(kquants.chunked(q6_k, 1 << 14), QuantType.Q6_K),
 }

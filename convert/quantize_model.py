@@ -1,5 +1,8 @@
 """GGUF -> GGUF quantizer: llama.cpp's `llama-quantize` (no imatrix) in NumPy/Numba.
 
+A tool on top of the format library (quant/), the Numba quantizers (kernels_cpu/quantize.py) and the GGUF
+reader, beside the HF converter; `edgellm quantize` and `convert_hf(..., outtype="q8_0")` call it.
+
 The input is read with edgellm.gguf_file (one memmap); each tensor is dequantized to float32, quantized to the
 type `quant.mixes.plan_types` chose, and streamed to the output with gguf.GGUFWriter, one tensor at a time
 (peak memory ~ the largest tensor in float32, not the model). Metadata is copied with its original value
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, InvalidRequestError
 from edgellm.gguf_file import GGUFFile, read_gguf
 from quant.formats import dequantize, quantize
 from quant.mixes import FTYPES, plan_types
@@ -44,9 +47,9 @@ class QuantizeResult:
 
 def quantize_tensor(x: np.ndarray, qtype: QuantType, *, threads: int = 1) -> np.ndarray:
     """float32 (n_rows, n_cols) -> uint8 (n_rows, row_bytes); fast Numba kernels where there is one."""
-    from quant.fast import fast_quantizer
+    from kernels_cpu.quantize import QUANTIZERS  # lazy: loads the Numba kernels only when quantizing
 
-    fn = fast_quantizer(qtype) or (lambda a: quantize(a, qtype))
+    fn = QUANTIZERS.get(QuantType(qtype)) or (lambda a: quantize(a, qtype))
     if threads <= 1 or x.shape[0] <= _ROWS_PER_TASK:
         return fn(x)
     chunks = [x[i:i + _ROWS_PER_TASK] for i in range(0, x.shape[0], _ROWS_PER_TASK)]
@@ -64,8 +67,6 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *
     import time
 
     import gguf
-
-    from edgellm.errors import InvalidRequestError
 
     t0 = time.perf_counter()
     ftype = ftype.upper()
