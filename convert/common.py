@@ -1,14 +1,16 @@
 """Driver for `edgellm convert`: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)
 to a GGUF file as llama.cpp's convert_hf_to_gguf.py writes it.
 
-Each supported architecture has a small data module (convert/llama.py, qwen2.py, qwen3.py, gemma3.py) holding an
-`ArchSpec`: HF tensor-name patterns -> GGUF names, config.json keys -> GGUF metadata keys, and a few flags
-(q/k permutation, norm shift, tied output). Tensors are read one at a time (safetensors.safe_open), converted
+The HF architectures it accepts, and the GGUF architecture each becomes, come from the one architecture table
+(edgellm/architectures.py, `HF_ARCHS`); convert/<arch>.py holds that architecture's `Recipe` (convert/recipe.py):
+HF tensor-name patterns -> GGUF names, config.json keys -> GGUF metadata keys, and a few flags (q/k permutation,
+norm shift, tied output). Tensors are read one at a time (safetensors.safe_open), converted
 and streamed to the output, so memory stays near twice the largest tensor. q8_0 / q4_k_m go through an f16 GGUF
 in a temporary file, then convert.quantize_model (llama.cpp's mixes).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -16,74 +18,28 @@ import re
 import struct
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from convert.recipe import Recipe
+from edgellm.architectures import HF_ARCHS
+from edgellm.errors import InvalidRequestError, UnsupportedModelError
+
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
 
-_L = r"model\.layers\.(\d+)\."
-COMMON_TENSORS: tuple[tuple[str, str], ...] = (
-    (r"model\.embed_tokens\.weight", "token_embd.weight"),
-    (r"model\.norm\.weight", "output_norm.weight"),
-    (r"lm_head\.weight", "output.weight"),
-    (_L + r"input_layernorm\.weight", "blk.{0}.attn_norm.weight"),
-    (_L + r"self_attn\.q_proj\.weight", "blk.{0}.attn_q.weight"),
-    (_L + r"self_attn\.k_proj\.weight", "blk.{0}.attn_k.weight"),
-    (_L + r"self_attn\.v_proj\.weight", "blk.{0}.attn_v.weight"),
-    (_L + r"self_attn\.o_proj\.weight", "blk.{0}.attn_output.weight"),
-    (_L + r"post_attention_layernorm\.weight", "blk.{0}.ffn_norm.weight"),
-    (_L + r"mlp\.gate_proj\.weight", "blk.{0}.ffn_gate.weight"),
-    (_L + r"mlp\.up_proj\.weight", "blk.{0}.ffn_up.weight"),
-    (_L + r"mlp\.down_proj\.weight", "blk.{0}.ffn_down.weight"),
-)
-QK_NORM_TENSORS: tuple[tuple[str, str], ...] = (
-    (_L + r"self_attn\.q_norm\.weight", "blk.{0}.attn_q_norm.weight"),
-    (_L + r"self_attn\.k_norm\.weight", "blk.{0}.attn_k_norm.weight"),
-)
-# (config.json key, GGUF key without the "{arch}." prefix, type); missing keys are skipped
-COMMON_METADATA: tuple[tuple[str, str, type], ...] = (
-    ("max_position_embeddings", "context_length", int),
-    ("hidden_size", "embedding_length", int),
-    ("num_hidden_layers", "block_count", int),
-    ("intermediate_size", "feed_forward_length", int),
-    ("num_attention_heads", "attention.head_count", int),
-    ("num_key_value_heads", "attention.head_count_kv", int),
-    ("rms_norm_eps", "attention.layer_norm_rms_epsilon", float),
-    ("rope_theta", "rope.freq_base", float),
-)
 # HF tensors that carry nothing llama.cpp needs
 SKIP = (re.compile(r".*rotary_emb\.inv_freq"),)
 
 
-@dataclass(frozen=True)
-class ArchSpec:
-    hf_archs: tuple[str, ...]
-    arch: str  # general.architecture
-    tensors: tuple[tuple[str, str], ...]
-    metadata: tuple[tuple[str, str, type], ...]
-    defaults: dict = field(default_factory=dict)  # config values assumed when config.json lacks them
-    permute_qk: bool = False  # llama: HF rotates halves (NeoX), GGUF "llama" rotates interleaved pairs
-    norm_shift: float = 0.0  # gemma: RMSNorm multiplies by (1 + w)
-    always_key_length: bool = False  # write key_length/value_length even when head_dim == hidden / heads
-    rope_dimension_count: bool = False
-    tied_output: bool = False  # never write output.weight (lm_head, if present, is the embedding)
-    default_pre: str = "default"  # tokenizer.ggml.pre when the pre-tokenizer regex is not recognised
-    spm_add_space_prefix: bool | None = None
-
-    def gguf_name(self, hf_name: str) -> str | None:
-        for pat, out in self.tensors:
-            m = re.fullmatch(pat, hf_name)
-            if m:
-                return out.format(*m.groups())
-        return None
-
-
-def arch_specs() -> dict[str, ArchSpec]:
-    from convert import gemma3, llama, qwen2, qwen3
-
-    return {a: mod.SPEC for mod in (llama, qwen2, qwen3, gemma3) for a in mod.SPEC.hf_archs}
+def recipe_for(hf_archs: list[str]) -> tuple[str, Recipe]:
+    """(GGUF architecture, its Recipe) for the first supported name in config.json's `architectures`."""
+    arch = next((HF_ARCHS[a] for a in hf_archs if a in HF_ARCHS), None)
+    if arch is None:
+        raise UnsupportedModelError(f"unsupported HF architecture {hf_archs!r} "
+                                    f"(supported: {', '.join(sorted(HF_ARCHS))})")
+    return arch, importlib.import_module(f"convert.{arch}").RECIPE
 
 
 def load_config(hf_dir: Path) -> dict:
@@ -112,8 +68,6 @@ def safetensors_files(hf_dir: Path) -> list[Path]:
         return [hf_dir / f for f in files]
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
-        from edgellm.errors import UnsupportedModelError
-
         raise UnsupportedModelError(f"no *.safetensors files in {hf_dir} (only safetensors checkpoints are supported)")
     return files
 
@@ -209,9 +163,7 @@ class _Planned:
     load: Callable[[], np.ndarray]
 
 
-def _plan(spec: ArchSpec, cfg: dict, src: SafetensorsSource) -> list[_Planned]:
-    from edgellm.errors import UnsupportedModelError
-
+def _plan(arch: str, spec: Recipe, cfg: dict, src: SafetensorsSource) -> list[_Planned]:
     n_head = int(cfg["num_attention_heads"])
     n_kv = int(cfg.get("num_key_value_heads") or n_head)
     out: list[_Planned] = []
@@ -224,7 +176,7 @@ def _plan(spec: ArchSpec, cfg: dict, src: SafetensorsSource) -> list[_Planned]:
             if name.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                                 "model.multi_modal_projector.")):
                 continue
-            raise UnsupportedModelError(f"{spec.arch}: no GGUF name for HF tensor {name!r}")
+            raise UnsupportedModelError(f"{arch}: no GGUF name for HF tensor {name!r}")
         if g == "output.weight" and (spec.tied_output or cfg.get("tie_word_embeddings") and
                                       "model.embed_tokens.weight" in src.where):
             continue
@@ -246,7 +198,7 @@ def _plan(spec: ArchSpec, cfg: dict, src: SafetensorsSource) -> list[_Planned]:
     if factors is not None:
         out.insert(0, _Planned("rope_freqs.weight", factors.shape, lambda f=factors: f))
     if "token_embd.weight" not in seen:
-        raise UnsupportedModelError(f"{spec.arch}: checkpoint has no token embedding")
+        raise UnsupportedModelError(f"{arch}: checkpoint has no token embedding")
     return out
 
 
@@ -258,10 +210,9 @@ def _out_type(outtype: str, shape: tuple[int, ...]):
     return {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16}[outtype]
 
 
-def _add_metadata(w, spec: ArchSpec, cfg: dict, outtype: str, name: str) -> None:
+def _add_metadata(w, arch: str, spec: Recipe, cfg: dict, outtype: str, name: str) -> None:
     import gguf
 
-    arch = spec.arch
     c = {**spec.defaults, **{k: v for k, v in cfg.items() if v is not None}}
     c.setdefault("num_key_value_heads", c.get("num_attention_heads"))
     w.add_name(name)
@@ -296,8 +247,6 @@ def _add_metadata(w, spec: ArchSpec, cfg: dict, outtype: str, name: str) -> None
 def convert_hf(hf_dir: str | os.PathLike, dst: str | os.PathLike, *, outtype: str = "f16", progress: bool = False,
                threads: int = 1) -> Path:
     """Convert the HF checkpoint in `hf_dir` to the GGUF file `dst` (outtype f32, f16, bf16, q8_0 or q4_k_m)."""
-    from edgellm.errors import InvalidRequestError, UnsupportedModelError
-
     outtype = outtype.lower()
     if outtype not in OUTTYPES:
         raise InvalidRequestError(f"unknown outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
@@ -320,16 +269,12 @@ def convert_hf(hf_dir: str | os.PathLike, dst: str | os.PathLike, *, outtype: st
     from convert.vocab import add_vocab
 
     cfg = load_config(hf_dir)
-    archs = cfg.get("architectures") or []
-    specs = arch_specs()
-    spec = next((specs[a] for a in archs if a in specs), None)
-    if spec is None:
-        raise UnsupportedModelError(f"unsupported HF architecture {archs!r} (supported: {', '.join(sorted(specs))})")
+    arch, spec = recipe_for(cfg.get("architectures") or [])
     src = SafetensorsSource(safetensors_files(hf_dir))
-    plan = _plan(spec, cfg, src)
+    plan = _plan(arch, spec, cfg, src)
 
-    w = gguf.GGUFWriter(str(dst), spec.arch)
-    _add_metadata(w, spec, cfg, outtype, cfg.get("_name_or_path") or hf_dir.name)
+    w = gguf.GGUFWriter(str(dst), arch)
+    _add_metadata(w, arch, spec, cfg, outtype, cfg.get("_name_or_path") or hf_dir.name)
     n_vocab = add_vocab(w, hf_dir, cfg, spec)
     if n_vocab is not None:
         w.add_vocab_size(n_vocab)

@@ -1,10 +1,8 @@
 """Gemma3ForCausalLM (text) -> GGUF "gemma3": every *norm.weight + 1, tied embeddings, sandwich norms."""
-from convert.common import COMMON_METADATA, QK_NORM_TENSORS, ArchSpec
+from convert.recipe import COMMON_METADATA, QK_NORM_TENSORS, Recipe
 
 _L = r"(?:model\.language_model|model)\.layers\.(\d+)\."
-SPEC = ArchSpec(
-    hf_archs=("Gemma3ForCausalLM",),
-    arch="gemma3",
+RECIPE = Recipe(
     tensors=(
         (r"(?:model\.language_model|model)\.embed_tokens\.weight", "token_embd.weight"),
         (r"(?:model\.language_model|model)\.norm\.weight", "output_norm.weight"),

@@ -1,9 +1,7 @@
 """LlamaForCausalLM / MistralForCausalLM -> GGUF "llama" (q/k rows permuted from HF's NeoX halves to interleaved)."""
-from convert.common import COMMON_METADATA, COMMON_TENSORS, ArchSpec
+from convert.recipe import COMMON_METADATA, COMMON_TENSORS, Recipe
 
-SPEC = ArchSpec(
-    hf_archs=("LlamaForCausalLM", "MistralForCausalLM"),
-    arch="llama",
+RECIPE = Recipe(
     tensors=COMMON_TENSORS,
     metadata=COMMON_METADATA,
     permute_qk=True,

@@ -1,9 +1,7 @@
 """Qwen2ForCausalLM -> GGUF "qwen2" (q/k/v biases, no permutation)."""
-from convert.common import COMMON_METADATA, COMMON_TENSORS, ArchSpec
+from convert.recipe import COMMON_METADATA, COMMON_TENSORS, Recipe
 
-SPEC = ArchSpec(
-    hf_archs=("Qwen2ForCausalLM",),
-    arch="qwen2",
+RECIPE = Recipe(
     tensors=COMMON_TENSORS + (
         (r"model\.layers\.(\d+)\.self_attn\.q_proj\.bias", "blk.{0}.attn_q.bias"),
         (r"model\.layers\.(\d+)\.self_attn\.k_proj\.bias", "blk.{0}.attn_k.bias"),

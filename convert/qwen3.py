@@ -1,9 +1,7 @@
 """Qwen3ForCausalLM -> GGUF "qwen3" (q/k RMS norms, explicit head_dim, no permutation)."""
-from convert.common import COMMON_METADATA, COMMON_TENSORS, QK_NORM_TENSORS, ArchSpec
+from convert.recipe import COMMON_METADATA, COMMON_TENSORS, QK_NORM_TENSORS, Recipe
 
-SPEC = ArchSpec(
-    hf_archs=("Qwen3ForCausalLM",),
-    arch="qwen3",
+RECIPE = Recipe(
     tensors=COMMON_TENSORS + QK_NORM_TENSORS,
     metadata=COMMON_METADATA,
     default_pre="qwen2",

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from edgellm.architectures import HF_ARCHS
 from edgellm.cli_errors import friendly_errors
 from quant.mixes import FTYPES
 
@@ -36,7 +37,13 @@ def quantize(src, dst, ftype, allow_requantize, leave_output_tensor, threads, as
         click.echo(f"{d['path']}: {d['mib_in']:.1f} MiB -> {d['mib_out']:.1f} MiB in {d['seconds']:.1f} s ({types})")
 
 
-@click.command()
+_CONVERT_HELP = f"""Convert a Hugging Face checkpoint directory (safetensors + tokenizer) to GGUF.
+
+Supported: {', '.join(HF_ARCHS)}.
+q8_0 / q4_k_m write an f16 GGUF to a temporary file, then quantize it (llama.cpp's mixes)."""
+
+
+@click.command(help=_CONVERT_HELP)
 @click.argument("hf_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_k_m"]), default="f16",
@@ -45,10 +52,7 @@ def quantize(src, dst, ftype, allow_requantize, leave_output_tensor, threads, as
               help="Worker threads for q8_0 / q4_k_m (default: cores).")
 @friendly_errors
 def convert(hf_dir, dst, outtype, threads):
-    """Convert a Hugging Face checkpoint directory (safetensors + tokenizer) to GGUF.
-
-    Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.
-    q8_0 / q4_k_m write an f16 GGUF to a temporary file, then quantize it (llama.cpp's mixes)."""
+    """`edgellm convert`; its help text (_CONVERT_HELP) lists the HF architectures of edgellm/architectures.py."""
     from edgellm.errors import UnsupportedModelError
 
     try:

@@ -8,32 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.architectures import ARCHS
 from edgellm.errors import GGUFError, UnsupportedModelError
 from edgellm.gguf_file import GGUFFile, TensorInfo, read_gguf
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """What differs between the supported architectures, as data (llama.cpp's per-arch constants)."""
-
-    rope_neox: bool  # NeoX rotation (halves) instead of adjacent pairs
-    qk_norm: bool = False
-    gemma: bool = False  # embeddings * sqrt(d), GeGLU, post-norms, tied output
-    swa_pattern: int = 0  # every n-th layer is global (llama.cpp hard-codes 6 for gemma3)
-    rope_base_local: float | None = None  # rope base of sliding-window layers
-    bias: bool = False  # q/k/v biases (qwen2)
-
-
-ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec(rope_neox=False),
-    "mistral": ArchSpec(rope_neox=False),
-    "qwen2": ArchSpec(rope_neox=True, bias=True),
-    "qwen3": ArchSpec(rope_neox=True, qk_norm=True),
-    "gemma3": ArchSpec(rope_neox=True, qk_norm=True, gemma=True, swa_pattern=6, rope_base_local=10000.0),
-}
-
-# architecture name -> models/<module>.py (llama-family files share one implementation)
-MODEL_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3": "gemma3"}
 
 
 @dataclass(frozen=True)
@@ -178,7 +155,7 @@ class LoadedModel:
         return self.gguf.path
 
     def model_module(self):
-        return importlib.import_module(f"edgellm.models.{MODEL_MODULES[self.config.arch]}")
+        return importlib.import_module(f"edgellm.models.{ARCHS[self.config.arch].model}")
 
 
 def load_gguf(path: str) -> LoadedModel:

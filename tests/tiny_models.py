@@ -24,8 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-
 # Arch defaults; any of them can be overridden by keyword in write_tiny_model.
 _DEFAULTS: dict[str, dict] = {
     "llama": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 10000.0, "rms_eps": 1e-5, "tie_embeddings": False},
@@ -36,6 +34,7 @@ _DEFAULTS: dict[str, dict] = {
     "gemma3": {"n_layer": 6, "head_dim": 128, "rope_freq_base": 1000000.0, "rms_eps": 1e-6, "tie_embeddings": True,
                "sliding_window": 8, "embed_std": 0.03},
 }
+ARCHS = tuple(_DEFAULTS)  # the archs a tiny model can be written for (tests/test_architectures.py: all we convert)
 
 WEIGHT_STD = 0.05  # projection matrices: q ~ 0.8 rms after a unit-rms input, attention scores not saturated
 EMBED_STD = 0.1  # token_embd / output (default): logits std ~ sqrt(d_model) * 0.1 ~ 1.6
