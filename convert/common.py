@@ -4,9 +4,9 @@ to a GGUF file as llama.cpp's convert_hf_to_gguf.py writes it.
 The HF architectures it accepts, and the GGUF architecture each becomes, come from the one architecture table
 (edgellm/architectures.py, `HF_ARCHS`); convert/<arch>.py holds that architecture's `Recipe` (convert/recipe.py):
 HF tensor-name patterns -> GGUF names, config.json keys -> GGUF metadata keys, and a few flags (q/k permutation,
-norm shift, tied output). Tensors are read one at a time (safetensors.safe_open), converted
-and streamed to the output, so memory stays near twice the largest tensor. q8_0 / q4_k_m go through an f16 GGUF
-in a temporary file, then convert.quantize_model (llama.cpp's mixes).
+norm shift, tied output). Tensors are read one at a time (safetensors.safe_open), converted and streamed to the
+output, so memory stays near twice the largest tensor. q8_0 / q4_k_m go through an f16 GGUF in a temporary file,
+then convert.quantize_model (llama.cpp's mixes).
 """
 from __future__ import annotations
 
