@@ -122,6 +122,7 @@ def test_blocks_taken_outside_the_manager_leave_the_tree():
     """Direct model use (pool.allocate between steps) hands out a cached block: lookup must not offer it."""
     mgr = KVCacheManager(2, block_size=2)
     mgr.free(computed(mgr, [1, 2, 3, 4]))  # free queue: 1, 0
-    with mgr.scratch(4) as blocks:
-        assert blocks == [1, 0]
+    blocks = mgr.pool.allocate(2)  # as LLM.logits does
+    assert blocks == [1, 0]
+    mgr.pool.free(blocks)
     assert mgr.lookup(FakeReq([1, 2, 3])) == PrefixHit() and len(mgr.prefix) == 0 and not mgr.pool.cached

@@ -3,11 +3,13 @@ running request forward by one forward pass. A step whose forward raises fails o
 (EngineStepError); step() itself does not raise for it."""
 from __future__ import annotations
 
+import numpy as np
+
 from edgellm.engine.kv_cache import PagedKVCache
 from edgellm.engine.kv_cache_manager import KVCacheManager
-from edgellm.engine.request import Request, history_array
+from edgellm.engine.request import Request
 from edgellm.engine.runner import ModelRunner
-from edgellm.engine.scheduler import SampleResult, Scheduler
+from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.swa import slots_needed
 from edgellm.errors import ContextOverflowError, EngineStepError
 from edgellm.sampling import SamplingParams, token_logprobs
@@ -103,14 +105,14 @@ class Engine:
         return self._reap([it.request for it in items if it.request.id in sampled])
 
     @staticmethod
-    def _sample(r: Request, logits) -> SampleResult:
-        """The next token of r from its logits (V,) (grammar mask applied); an error is returned, not raised."""
+    def _sample(r: Request, logits):
+        """(token, logprob entry) of r from its logits (V,), grammar mask applied; an error is returned, not raised."""
         try:
             m, k = r.matcher, r.params.logprobs
-            tok = r.sampler(logits if m is None else m.apply(logits), history_array(r))
-            return SampleResult(tok, None if k is None else token_logprobs(logits, tok, k))
+            tok = r.sampler(logits if m is None else m.apply(logits), np.asarray(r.all_ids, dtype=np.int64))
+            return tok, None if k is None else token_logprobs(logits, tok, k)
         except Exception as e:
-            return SampleResult(error=e)
+            return e
 
     def _reap(self, touched: list[Request]) -> list[Request]:
         done = self.scheduler.take_finished()
@@ -121,12 +123,6 @@ class Engine:
     def cancel(self, req: Request) -> None:
         """End req at the next step (its blocks go back then)."""
         req.cancel()
-
-    def forward(self, batch, *, hidden: bool = False):
-        """Logits (or, hidden=True, final hidden states) of a batch built outside the scheduler — direct model
-        use on blocks from `kv_manager.scratch(n_tokens)`; sliding-window slots are assigned first."""
-        self.kv_manager.prepare(batch)
-        return (self.model.hidden if hidden else self.model.forward)(batch, self.kv)
 
     def stats(self) -> dict:
         return {**self.kv_manager.stats(), "preemptions": self.scheduler.preemptions,

@@ -1,26 +1,19 @@
-"""KVCacheManager: the one owner of KV memory (vLLM v1's kv_cache_manager.py) — the BlockPool (block ids, ref
-counts, LRU order), the PrefixTree (which blocks cache which tokens), the sliding-window slots (engine/swa.py) and
-every request's block table.
+"""KVCacheManager: the one owner of KV memory (vLLM v1's kv_cache_manager.py): the BlockPool, the PrefixTree, the
+sliding-window slots (engine/swa.py) and every request's block table.
 
 The scheduler asks and decides; nothing is tried and undone. `lookup(req)` says what the cache holds for a waiting
-request (shared full blocks, then rows of one more block to copy) and changes nothing. `allocate(req, n_tokens,
-hit=...)` takes every block that needs or nothing: None when memory is short, and then the scheduler waits or
-preempts. `free(req)` hands a request's blocks back, leaving its computed ones in the prefix tree.
-
-Copy-on-write of a partly reused block is done up front in `allocate`: the request gets a fresh block holding the
-copied rows (every layer, sliding-window slots included) and writes its next rows there; two requests reusing the
-same partial block get a copy each. `lookup` offers a copy only if it will succeed: the source's local K/V is
-still in its slot, a slot whose block no running request (nor this one) attends to can take the copy, and a
-block is free besides the revived ones. A copy is never offered when the full match was cut back by the window.
+request and changes nothing; `allocate(req, n_tokens, hit=...)` takes every block needed or nothing (None: memory
+is short, the scheduler waits or preempts); `free(req)` gives blocks back, computed ones staying in the tree.
+A partly reused block is copied up front (copy-on-write, every layer, window slots included) into a fresh block
+of the request; `lookup` offers a copy only if it will succeed: the source still holds its window K/V, a slot no
+running request (nor this one) attends to can take the copy, and a block is free besides the revived ones.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.prefix_tree import PrefixTree
-from edgellm.errors import ContextOverflowError
 
 
 @dataclass(frozen=True)
@@ -48,15 +41,14 @@ class KVCacheManager:
         self.prefix = PrefixTree(block_size)
         self.bs, self.kv = block_size, kv
         self.windows = kv.windows if kv is not None else None
-        self._tables: dict[int, list[int]] = {}  # request id -> blocks; position p lives in block [p // bs]
-        self._holders: dict[int, object] = {}  # request id -> the request holding that table
+        self._held: dict[int, tuple] = {}  # request id -> (request, its blocks: position p in block [p // bs])
         self.hit_tokens = 0  # tokens served from the prefix tree (counted once, when allocated)
         self.cow_copies = 0  # partly reused blocks copied into a request's own block
 
     # -- public API ---------------------------------------------------------------------------------
     def block_table(self, req) -> list[int]:
         """req's block ids (a copy; empty if it holds none)."""
-        return list(self._tables.get(req.id, ()))
+        return list(self._held[req.id][1]) if req.id in self._held else []
 
     def lookup(self, req) -> PrefixHit:
         """The longest reusable cached prefix of req's tokens, always leaving >= 1 token to compute (its logits
@@ -78,14 +70,14 @@ class KVCacheManager:
         lookup, for a request that holds no blocks yet). All or nothing: None, with nothing changed, unless
         blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks."""
         self._forget_evicted()
-        have = len(self._tables.get(req.id, ())) + len(hit.blocks)
+        table = self._held[req.id][1] if req.id in self._held else []
+        have = len(table) + len(hit.blocks)
         end = req.n_computed + hit.tokens + n_tokens
         need = max(0, -(-end // self.bs) - have)
         revived = sum(self.pool.ref[b] == 0 for b in hit.blocks)  # cached free blocks leave the free queue
         if max(need, -(-(end + lookahead) // self.bs) - have) > self.pool.n_free - revived:
             return None
-        table = self._tables.setdefault(req.id, [])
-        self._holders[req.id] = req
+        self._held[req.id] = (req, table)
         self.pool.touch(hit.blocks)
         table += hit.blocks
         fresh = self._copy_partial(req, hit) if hit.n_rows else []
@@ -98,8 +90,7 @@ class KVCacheManager:
         """Give req's blocks back. cache=True: its computed blocks stay in the prefix tree (the last one as a
         partial leaf if partly filled); False (a failed step): only blocks already in the tree stay cached."""
         self._forget_evicted()
-        table = self._tables.pop(req.id, None)
-        self._holders.pop(req.id, None)
+        _, table = self._held.pop(req.id, (None, None))
         if not table:
             return
         if cache:
@@ -113,23 +104,11 @@ class KVCacheManager:
         batch.slot_tables (S, MB), giving a slot to every block the batch writes (no-op without trimmed layers)."""
         if self.windows is None:
             return
-        self.windows.pin_running((t, self._holders[rid].n_computed) for rid, t in self._tables.items())
+        self.windows.pin_running((t, r.n_computed) for r, t in self._held.values())
         batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
 
-    @contextmanager
-    def scratch(self, n_tokens: int):
-        """Blocks for positions < n_tokens of forwards outside the scheduler (logits, perplexity, bench,
-        warm-up), freed on exit; raises ContextOverflowError if the pool is short."""
-        got = self.pool.allocate(-(-n_tokens // self.bs))
-        if got is None:
-            raise ContextOverflowError(f"{n_tokens} tokens do not fit in the free KV cache")
-        self._forget_evicted()
-        try:
-            yield got
-        finally:
-            self.pool.free(got)
-
     def stats(self) -> dict:
+        """Block, prefix-cache and sliding-window counters."""
         p = self.pool
         return {"blocks_total": p.n_blocks, "blocks_used": p.n_used, "blocks_free": p.n_free,
                 "blocks_cached": len(p.cached), "evictions": p.evictions, "prefix_hit_tokens": self.hit_tokens,
@@ -142,9 +121,11 @@ class KVCacheManager:
 
     def _keep(self, blocks, query: int) -> set[int]:
         """Blocks some query still attends to: every holder's next one, and one at `query` over `blocks`."""
+        if self.windows is None:
+            return set()
         keep = set(self.windows.seen(blocks, query))
-        for rid, t in self._tables.items():
-            keep.update(self.windows.seen(t, self._holders[rid].n_computed))
+        for r, t in self._held.values():
+            keep.update(self.windows.seen(t, r.n_computed))
         return keep
 
     def _can_copy(self, src: int, blocks: list[int], query: int) -> bool:
@@ -157,19 +138,15 @@ class KVCacheManager:
         """Copy-on-write: a fresh block holding hit.n_rows rows of hit.src (lookup checked that it succeeds)."""
         self.pool.touch([hit.src])  # src may sit in the free queue: do not let _take() hand it out
         (dst,) = self._take(1)
-        query = len(hit.blocks) * self.bs + hit.n_rows
-        ok = self.kv is None or self.kv.copy_block(hit.src, dst, hit.n_rows, self._keep(hit.blocks, query)
-                                                   if self.windows is not None else frozenset())
-        self.pool.free([hit.src], cached={hit.src})
-        if not ok:
+        keep = self._keep(hit.blocks, len(hit.blocks) * self.bs + hit.n_rows)
+        if self.kv is not None and not self.kv.copy_block(hit.src, dst, hit.n_rows, keep):
             raise RuntimeError(f"copy of block {hit.src} refused after lookup offered it")
+        self.pool.free([hit.src], cached={hit.src})
         self.cow_copies += 1
         return [dst]
 
     def _take(self, n: int) -> list[int]:
-        got = self.pool.allocate(n)
-        if got is None:
-            raise RuntimeError("block pool short after the allocation was checked")
+        got = self.pool.allocate(n)  # checked by allocate(): never None
         self._forget_evicted()
         return got
 

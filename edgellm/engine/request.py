@@ -1,16 +1,12 @@
-"""Request: one generation's state as it moves through the scheduler, and what it returns.
-
-The scheduler (engine/scheduler.py) is the only writer of a Request: it calls append_token / finish / fail and
-sets n_computed, n_cached and state; the KV cache manager keeps the block table. Other threads may only ask
-for an end with `cancel()`, which the scheduler applies at its next step."""
+"""Request: one generation's state as it moves through the scheduler, and what it returns. Only the scheduler writes
+a Request (append_token, finish, fail, n_computed, state; the block table is the KV cache manager's); other
+threads ask for an end with `cancel()`, applied at the next step."""
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-
-import numpy as np
 
 from edgellm.sampling import Sampler, SamplingParams
 from edgellm.tokenizer import IncrementalDetokenizer
@@ -172,7 +168,3 @@ class Request:
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.n_cached,
         }
-
-
-def history_array(req: Request) -> np.ndarray:
-    return np.asarray(req.all_ids, dtype=np.int64)

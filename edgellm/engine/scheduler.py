@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from edgellm.engine.kv_cache_manager import KVCacheManager
 from edgellm.engine.request import Request, RequestState
 
-
 OUTPUT_ESTIMATE = 64  # generated tokens budgeted at admission when other requests are running
 
 
@@ -23,21 +22,12 @@ class ScheduledItem:
     n_new: int  # tokens to run this step, starting at request.n_computed
 
 
-@dataclass
-class SampleResult:
-    """What sampling gave one request in a step: the token and its logprob entry, or the error it raised."""
-
-    token: int = -1
-    logprob: tuple | None = None
-    error: BaseException | None = None
-
-
 class Scheduler:
     """Decides, each step, which requests run and how many tokens each contributes."""
 
     def __init__(self, kv: KVCacheManager, *, max_batch: int = 8, token_budget: int = 512,
                  prefill_chunk: int = 256):
-        self.kv, self.bs = kv, kv.bs
+        self.kv = kv
         # a chunk never exceeds the step budget, or a prompt could never start
         self.max_batch, self.token_budget, self.chunk = max_batch, token_budget, min(prefill_chunk, token_budget)
         self.waiting: deque[Request] = deque()
@@ -49,9 +39,8 @@ class Scheduler:
     def add(self, req: Request) -> None:
         """Queue a request (one asking for no tokens ends at once)."""
         if req.params.max_tokens == 0:
-            self._end(req, "length")
-        else:
-            self.waiting.append(req)
+            return self._end(req, "length")
+        self.waiting.append(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._finished)
@@ -96,27 +85,26 @@ class Scheduler:
             self.running.append(req)
             items.append(ScheduledItem(req, end - req.n_computed))
             budget -= end - req.n_computed
-        items.sort(key=lambda it: not self.is_decode(it))  # decode rows first: they take the GEMV path
+        # decode rows first: they take the GEMV path
+        items.sort(key=lambda it: it.request.n_computed < len(it.request.prompt_ids))
         return items
 
-    def is_decode(self, it: ScheduledItem) -> bool:
-        return it.request.n_computed >= len(it.request.prompt_ids)
-
     # -- applying a step's results --------------------------------------------------------------------
-    def update_from_output(self, items: list[ScheduledItem], sampled: dict[int, SampleResult]) -> None:
-        """The step ran: advance every item's computed tokens, append the sampled tokens (grammar, stop
-        strings, limits decide the end) and end requests that finished or whose sampling failed."""
+    def update_from_output(self, items: list[ScheduledItem], sampled: dict) -> None:
+        """The step ran: advance every item's computed tokens, append the sampled tokens (sampled: request id
+        -> (token, logprob entry or None), or the exception its sampling raised), end requests that finished
+        (grammar, stop strings, limits) or whose sampling failed."""
         for it in items:
             r = it.request
             r.n_computed += it.n_new
-            res = sampled.get(r.id)
-            if res is None:
+            if r.id not in sampled:
                 continue
             try:
-                if res.error is not None:
-                    raise res.error
-                r.append_token(res.token, res.logprob)
-                if r.matcher is not None and not r.finished and r.matcher.accept(res.token):
+                if isinstance(sampled[r.id], BaseException):
+                    raise sampled[r.id]
+                tok, logprob = sampled[r.id]
+                r.append_token(tok, logprob)
+                if r.matcher is not None and not r.finished and r.matcher.accept(tok):
                     r.finish("stop")  # the grammar is complete (or rejected the token)
             except Exception as e:  # one request's sampling/grammar failure ends that request only
                 r.fail(e)

@@ -117,10 +117,11 @@ class WindowSlots:
 
     def can_copy(self, src: int, keep) -> bool:
         """Whether prepare_copy(src, dst, keep) succeeds for any dst (no side effects)."""
-        if not self.holds(src):
-            return False
-        s = int(self.slot[src])
-        return any(x != s and int(self.owner[x]) not in keep for x in self._lru)
+        return self.holds(src) and self._spare(int(self.slot[src]), keep) != 0
+
+    def _spare(self, s: int, keep) -> int:
+        """The least recently used slot other than s whose block is not in keep (0: none)."""
+        return next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
 
     def prepare_copy(self, src: int, dst: int, keep) -> tuple[int, int] | None:
         """(src slot, dst slot) for copying block src's local K/V into block dst, giving dst a slot if it has
@@ -130,7 +131,7 @@ class WindowSlots:
             return None
         s = int(self.slot[src])
         if not self.holds(dst):
-            d = next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
+            d = self._spare(s, keep)
             if not d:
                 return None
             self._give(d, dst)
