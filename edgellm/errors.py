@@ -28,3 +28,8 @@ class ContextOverflowError(EdgeLLMError):
 
 class InvalidRequestError(EdgeLLMError):
     """A request parameter is out of range or of the wrong type."""
+
+
+class EngineStepError(EdgeLLMError):
+    """The engine step that ran this request failed (its forward raised); the cause is chained. Other requests
+    go on."""

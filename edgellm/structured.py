@@ -4,8 +4,9 @@ per-request matcher that masks disallowed tokens (NumPy bit masks, no torch).
 Flow: SamplingParams(json_schema= / regex= / choices= / grammar=) compiles and validates the grammar at once
 (`compile_grammar`, raising InvalidRequestError); the engine builds one `GrammarMatcher` per request, fills its
 token mask (`fill_mask`, usually on a worker thread while the batch's forward runs), applies it to the logits
-(`apply`) and advances it with the sampled token (`advance`). When the grammar is complete and admits nothing
-but end-of-sequence, the request finishes with reason "stop".
+(`apply`) and the scheduler advances it with the sampled token (`accept`, which says whether the output is
+complete). When the grammar is complete and admits nothing but end-of-sequence (or rejected the token), the
+scheduler finishes the request with reason "stop". Matchers never write request state.
 """
 from __future__ import annotations
 
@@ -151,21 +152,15 @@ class GrammarMatcher:
         self.mask_ready = False
         return self.m.consume_token(int(token))
 
-    def after_token(self, req, token: int) -> None:
-        """Advance with the token the request just appended; finish it ("stop") once the grammar is complete."""
-        if req.finished:  # an end-of-sequence token, max_tokens or a stop string ended it already
-            return
-        if not self.advance(token) or self.done:
-            req._finish("stop")
+    def accept(self, token: int) -> bool:
+        """Advance with the token the request just appended; True if the output is complete (the grammar
+        admits only end-of-sequence now, or rejected the token)."""
+        return not self.advance(token) or self.done
 
     @property
     def done(self) -> bool:
         """The output is complete: the grammar admits nothing more but end-of-sequence (or failed)."""
         return self.m.is_stopped()
-
-    @property
-    def accepting(self) -> bool:
-        return self.m.is_accepting()
 
     @property
     def error(self) -> str:
@@ -198,10 +193,10 @@ class ForcedMatcher:
         out[t] = logits[t]
         return out
 
-    def after_token(self, req, token: int) -> None:
+    def accept(self, token: int) -> bool:
+        """Advance past the forced token; True once every token of the sequence is out."""
         self.pos += 1
-        if not req.finished and self.pos >= len(self.ids):
-            req._finish("stop")
+        return self.pos >= len(self.ids)
 
 
 def make_matcher(compiled, tokenizer):

@@ -1,18 +1,31 @@
-"""BlockPool and PrefixTree: exact block ids, LRU eviction order, ref counts."""
+"""BlockPool, PrefixTree and the KV cache manager: exact block ids, LRU eviction order, ref counts, lookup without
+side effects, all-or-nothing allocation."""
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from edgellm.engine.block_pool import BlockPool
-from edgellm.engine.prefix_tree import PrefixTree
+from edgellm.engine.kv_cache_manager import KVCacheManager, PrefixHit
 
 
 class FakeReq:
+    _ids = itertools.count()
+
     def __init__(self, ids):
+        self.id = next(self._ids)
         self.all_ids = list(ids)
-        self.block_table: list[int] = []
-        self.n_computed = self.n_cached = 0
+        self.n_computed = 0
         self.prompt_rows = len(ids)  # every row computed as a prompt row
+
+
+def computed(mgr, ids) -> FakeReq:
+    """A request holding fresh blocks for all of ids, computed (not yet freed)."""
+    r = FakeReq(ids)
+    assert mgr.allocate(r, len(ids)) is not None
+    r.n_computed = len(ids)
+    return r
 
 
 def test_allocate_in_order_and_none_on_shortage():
@@ -50,44 +63,66 @@ def test_touch_shares_and_refcounts():
 
 
 def test_prefix_tree_match_insert_release_reuse():
-    pool = BlockPool(8)
-    tree = PrefixTree(pool, block_size=2)
+    mgr = KVCacheManager(8, block_size=2)
+    pool = mgr.pool
     r1 = FakeReq([1, 2, 3, 4, 5])
-    tree.admit(r1)
-    assert r1.block_table == [] and r1.n_cached == 0
-    r1.block_table = pool.allocate(3)  # [0, 1, 2]
+    assert mgr.lookup(r1) == PrefixHit()
+    assert mgr.allocate(r1, 5) == [0, 1, 2]
     r1.n_computed = 5
-    tree.release(r1)  # blocks 0, 1 are full -> cached; block 2 (partly filled) -> cached as a partial leaf
-    assert len(tree) == 3 and pool.cached == {0, 1, 2} and pool.n_free == 8
+    mgr.free(r1)  # blocks 0, 1 are full -> cached; block 2 (partly filled) -> cached as a partial leaf
+    assert len(mgr.prefix) == 3 and pool.cached == {0, 1, 2} and pool.n_free == 8
     r2 = FakeReq([1, 2, 3, 4, 9, 9, 9])
-    tree.admit(r2)  # no copy callback: partial blocks are not reused (see tests/test_prefix_cow.py)
-    assert r2.block_table == [0, 1] and r2.n_cached == 4 and pool.ref[0] == 1
+    hit = mgr.lookup(r2)  # the partial leaf (5,) does not match 9: full blocks only
+    assert hit == PrefixHit((0, 1), -1, 0, 4)
+    assert mgr.allocate(r2, 0, hit=hit) == [] and mgr.block_table(r2) == [0, 1] and pool.ref[0] == 1
     assert pool.cached == {2}
-    assert tree.hit_tokens == 4
+    assert mgr.hit_tokens == 4
+
+
+def test_lookup_changes_nothing_and_allocate_is_all_or_nothing():
+    mgr = KVCacheManager(4, block_size=2)
+    pool = mgr.pool
+    mgr.free(computed(mgr, [1, 2, 3, 4, 5]))  # 0, 1 full, 2 = (5,); free queue: 3, 2, 1, 0
+    state = lambda: (list(pool.ref), pool.n_free, set(pool.cached), set(mgr.prefix.by_block), mgr.hit_tokens)
+    before = state()
+    r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8])
+    hit = mgr.lookup(r)
+    assert hit == PrefixHit((0, 1), 2, 1, 5) and state() == before  # nothing taken, touched or counted
+    # 8 tokens need 4 blocks: 0 and 1 revived, 2 fresh ones (the copy's and one more); 2 more tokens: too many
+    assert mgr.allocate(r, 3, hit=hit, lookahead=2) is None and state() == before
+    assert mgr.allocate(r, 3, hit=hit) == [3, 2] and mgr.block_table(r) == [0, 1, 3, 2]
+    assert pool.ref == [1, 1, 1, 1] and mgr.cow_copies == 1 and mgr.hit_tokens == 5
+    assert set(mgr.prefix.by_block) == {0, 1}  # block 2 (the copy's source) was handed out after the copy
+    r.n_computed = 8
+    assert mgr.allocate(r, 1) is None and mgr.block_table(r) == [0, 1, 3, 2]  # position 8 needs a 5th block
 
 
 def test_admit_leaves_one_token_to_compute():
-    pool = BlockPool(4)
-    tree = PrefixTree(pool, block_size=2)
-    r = FakeReq([1, 2, 3, 4])
-    r.block_table, r.n_computed = pool.allocate(2), 4
-    tree.release(r)
-    r2 = FakeReq([1, 2, 3, 4])
-    tree.admit(r2)
-    assert r2.block_table == [0] and r2.n_cached == 2  # the last block is recomputed for logits
+    mgr = KVCacheManager(4, block_size=2)
+    mgr.free(computed(mgr, [1, 2, 3, 4]))
+    hit = mgr.lookup(FakeReq([1, 2, 3, 4]))
+    assert hit == PrefixHit((0,), 1, 1, 3)  # the last token is recomputed for logits: block 0 + 1 row of block 1
 
 
 def test_lru_eviction_order_and_subtree_removal():
-    pool = BlockPool(4)
-    tree = PrefixTree(pool, block_size=1)
-    a = FakeReq([7, 8])
-    a.block_table, a.n_computed = pool.allocate(2), 2  # [0, 1]
-    b = FakeReq([5])
-    b.block_table, b.n_computed = pool.allocate(1), 1  # [2]
-    tree.release(a)  # free queue: 3, 1, 0   (child 1 queued before parent 0)
-    tree.release(b)  # free queue: 3, 1, 0, 2
-    assert pool.allocate(1) == [3]  # never-cached block first
-    assert pool.allocate(1) == [1]  # then LRU cached: the leaf of a's path
-    assert pool.evictions == 1 and tree.match([7, 8]) == [0]
-    assert pool.allocate(1) == [0]  # evicting the parent drops the path
-    assert tree.match([7, 8]) == [] and tree.match([5]) == [2]
+    mgr = KVCacheManager(4, block_size=1)
+    a = computed(mgr, [7, 8])  # [0, 1]
+    b = computed(mgr, [5])  # [2]
+    mgr.free(a)  # free queue: 3, 1, 0   (child 1 queued before parent 0)
+    mgr.free(b)  # free queue: 3, 1, 0, 2
+    take = lambda: mgr.allocate(FakeReq([0]), 1)
+    assert take() == [3]  # never-cached block first
+    assert take() == [1]  # then LRU cached: the leaf of a's path
+    assert mgr.pool.evictions == 1 and mgr.prefix.match([7, 8]) == [0]
+    assert take() == [0]  # evicting the parent drops the path
+    assert mgr.prefix.match([7, 8]) == [] and mgr.prefix.match([5]) == [2]
+
+
+def test_blocks_taken_outside_the_manager_leave_the_tree():
+    """Direct model use (pool.allocate between steps) hands out a cached block: lookup must not offer it."""
+    mgr = KVCacheManager(2, block_size=2)
+    mgr.free(computed(mgr, [1, 2, 3, 4]))  # free queue: 1, 0
+    blocks = mgr.pool.allocate(2)  # as LLM.logits does
+    assert blocks == [1, 0]
+    mgr.pool.free(blocks)
+    assert mgr.lookup(FakeReq([1, 2, 3])) == PrefixHit() and len(mgr.prefix) == 0 and not mgr.pool.cached

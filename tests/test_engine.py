@@ -22,7 +22,7 @@ def make_engine(llm, kv_tokens: int, **kw) -> Engine:
     return Engine(llm.loaded, llm.model, llm.tokenizer, ctx_size=llm.ctx_size, kv_cache_tokens=kv_tokens, **kw)
 
 
-def run_all(engine: Engine, reqs, cancel_at: dict | None = None, max_steps: int = 10_000):
+def run_all(engine: Engine, reqs, cancel_at: dict | None = None, max_steps: int = 10_000, check_refs=False):
     cancel_at = cancel_at or {}
     for step in range(max_steps):
         for r in reqs:
@@ -31,15 +31,32 @@ def run_all(engine: Engine, reqs, cancel_at: dict | None = None, max_steps: int 
         if not engine.has_work() and all(r.finished for r in reqs):
             break
         engine.step()
+        if check_refs:
+            assert_refs_exact(engine, reqs)
     engine.step()  # reap
     return [r.output() for r in reqs]
+
+
+def assert_refs_exact(engine: Engine, reqs):
+    """Every block's ref count is the number of block tables holding it; only running requests hold blocks,
+    and a table covers exactly what the request has computed or is about to compute."""
+    tables = {r.id: engine.kv_manager.block_table(r) for r in reqs}
+    holders = [0] * engine.pool.n_blocks
+    for t in tables.values():
+        for b in t:
+            holders[b] += 1
+    assert engine.pool.ref == holders
+    running = {r.id for r in engine.scheduler.running}
+    assert {i for i, t in tables.items() if t} <= running
+    for r in engine.scheduler.running:
+        assert -(-r.n_computed // engine.block_size) <= len(tables[r.id]) <= -(-r.n_tokens // engine.block_size) + 1
 
 
 def assert_no_leaks(engine: Engine):
     pool = engine.pool
     assert all(c == 0 for c in pool.ref), "a block is still referenced after every request ended"
     assert pool.n_free == pool.n_blocks
-    assert pool.cached <= set(engine.prefix.by_block)
+    assert pool.cached == set(engine.prefix.by_block)  # every free block the tree names is marked cached
     assert not engine.requests
 
 
@@ -120,8 +137,7 @@ def test_random_streams_no_leaks_and_same_outputs(tiny_llm, data):
     eng = make_engine(tiny_llm, kv, max_batch=data.draw(st.integers(1, 8)))
     reqs = [eng.add_request(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in zip(prompts, max_toks)]
     cancelled = {r.id: int(rng.integers(0, 30)) for r in reqs if rng.random() < 0.25}
-    outs = run_all(eng, reqs, cancel_at=cancelled)
-    assert all(c >= 0 for c in eng.pool.ref)
+    outs = run_all(eng, reqs, cancel_at=cancelled, check_refs=True)
     assert_no_leaks(eng)
     for r, p, m, o in zip(reqs, prompts, max_toks, outs):
         if o.finish_reason == "cancelled":

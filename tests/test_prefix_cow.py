@@ -1,139 +1,173 @@
-"""Copy-on-write reuse of partly filled KV blocks (engine/prefix_tree.py): partial leaves, the longest partial match,
+"""Copy-on-write reuse of partly filled KV blocks (engine/prefix_tree.py, engine/kv_cache_manager.py): partial leaves, the longest partial match,
 the shared block never written, eviction, leak-free accounting, and outputs identical to cold runs (also with
 trimmed sliding-window layers)."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.engine import Engine
-from edgellm.engine.prefix_tree import PrefixTree
+from edgellm.engine.kv_cache_manager import KVCacheManager, PrefixHit
 from edgellm.engine.swa import WindowSlots, slots_needed
 
 GREEDY = dict(temperature=0, ignore_eos=True, logprobs=0)
 
 
 class FakeReq:
+    _ids = itertools.count()
+
     def __init__(self, ids, prompt_rows=None):
+        self.id = next(self._ids)
         self.all_ids = list(ids)
         self.prompt_rows = len(ids) if prompt_rows is None else prompt_rows
-        self.block_table: list[int] = []
         self.n_computed = self.n_cached = 0
 
 
-def finished(tree, ids, n_computed=None, prompt_rows=None) -> FakeReq:
-    """A request admitted (full blocks only), computed up to n_computed in fresh blocks, then released."""
+class Cache(KVCacheManager):
+    """A KV cache manager without tensors that records its copies as (src, dst, n rows)."""
+
+    def __init__(self, n_blocks=16, bs=4):
+        super().__init__(n_blocks, bs)
+        self.copies = []
+
+    def admit(self, r: FakeReq) -> PrefixHit:
+        """lookup + allocate the hit alone (nothing to compute yet), as the scheduler admits."""
+        hit = self.lookup(r)
+        fresh = self.allocate(r, 0, hit=hit)
+        assert fresh is not None
+        if hit.n_rows:
+            self.copies.append((hit.src, fresh[0], hit.n_rows))
+        r.n_computed = r.n_cached = hit.tokens
+        return hit
+
+
+def finished(mgr, ids, n_computed=None, prompt_rows=None) -> FakeReq:
+    """A request admitted (full blocks only), computed up to n_computed in fresh blocks, then freed."""
     r = FakeReq(ids, prompt_rows)
-    copy, tree.copy = tree.copy, None
-    tree.admit(r)
-    tree.copy = copy
-    r.n_computed = len(ids) if n_computed is None else n_computed
-    r.block_table += tree.pool.allocate(-(-r.n_computed // tree.bs) - len(r.block_table))
-    tree.release(r)
+    hit = mgr.lookup(r)
+    hit = PrefixHit(hit.blocks, tokens=len(hit.blocks) * mgr.bs)
+    n = len(ids) if n_computed is None else n_computed
+    assert mgr.allocate(r, n - hit.tokens, hit=hit) is not None
+    r.n_computed = n
+    mgr.free(r)
     return r
 
 
-def cow_tree(n_blocks=16, bs=4):
-    tree = PrefixTree(BlockPool(n_blocks), bs)
-    tree.copies = []
-    tree.copy = lambda src, dst, n, req: tree.copies.append((src, dst, n)) is None
-    return tree
+class Windows:
+    """Sliding-window answers for the manager: how many matched blocks are usable, whether a copy can be made."""
+
+    def __init__(self, usable=None, copy=True):
+        self.usable, self.copy = usable, copy
+
+    def usable_prefix(self, blocks):
+        return len(blocks) if self.usable is None else self.usable
+
+    def can_copy(self, src, keep):
+        return self.copy
+
+    def seen(self, table, query):
+        return []
 
 
-# -- the tree alone (exact block ids) -------------------------------------------------------------------
+# -- the tree and the manager alone (exact block ids) -------------------------------------------------------
 def test_partial_leaf_inserted_and_cached():
-    tree = cow_tree()
-    finished(tree, [1, 2, 3, 4, 5, 6])  # blocks 0 (full) and 1 (2 of 4 rows)
+    mgr = Cache()
+    tree = mgr.prefix
+    finished(mgr, [1, 2, 3, 4, 5, 6])  # blocks 0 (full) and 1 (2 of 4 rows)
     leaf = tree.by_block[1]
     assert leaf.key == (5, 6) and leaf.parent is tree.by_block[0] and not leaf.children
-    assert tree.pool.cached == {0, 1} and tree.pool.n_free == 16 and len(tree) == 2
-    finished(tree, [1, 2, 3, 4, 5, 6])  # same tokens again in blocks 2, 3: the older blocks stay
-    assert set(tree.by_block) == {0, 1} and tree.pool.cached == {0, 1}
-    finished(tree, [7, 8])  # a partial leaf right under the root
+    assert mgr.pool.cached == {0, 1} and mgr.pool.n_free == 16 and len(tree) == 2
+    finished(mgr, [1, 2, 3, 4, 5, 6])  # same tokens again (0 shared, the last block in block 2): 1 stays
+    assert set(tree.by_block) == {0, 1} and mgr.pool.cached == {0, 1}
+    finished(mgr, [7, 8])  # a partial leaf right under the root
     assert tree.by_block[3].key == (7, 8) and tree.by_block[3].parent is tree.root
 
 
 def test_partial_match_copies_the_longest_prefix_into_a_fresh_block():
-    tree = cow_tree()
-    finished(tree, [1, 2, 3, 4, 5])  # 0 full, 1 = (5,)
-    finished(tree, [1, 2, 3, 4, 5, 6, 7])  # 0 shared, 2 = (5, 6, 7)
+    mgr = Cache()
+    tree, pool = mgr.prefix, mgr.pool
+    finished(mgr, [1, 2, 3, 4, 5])  # 0 full, 1 = (5,)
+    finished(mgr, [1, 2, 3, 4, 5, 6, 7])  # 0 shared, 2 = (5, 6, 7)
     assert set(tree.by_block) == {0, 1, 2}
     r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    tree.admit(r)
-    assert tree.copies == [(2, 3, 3)]  # the longest of (5,) and (5, 6, 7); block 3 is the next free one
-    assert r.block_table == [0, 3] and r.n_computed == r.n_cached == 7 and tree.hit_tokens == 4 + 7
-    assert tree.pool.ref[0] == 1 and tree.pool.ref[2] == 0 and 2 in tree.pool.cached  # source: still cached
+    mgr.admit(r)
+    assert mgr.copies == [(2, 3, 3)]  # the longest of (5,) and (5, 6, 7); block 3 is the next free one
+    assert mgr.block_table(r) == [0, 3] and r.n_computed == r.n_cached == 7 and mgr.hit_tokens == 4 + 7
+    assert pool.ref[0] == 1 and pool.ref[2] == 0 and 2 in pool.cached  # source: still cached
     assert tree.match_partial([1, 2, 3, 4, 5, 6, 9], [0], 7) == (2, 2)  # a prefix of a leaf is enough
     # a second request on the same prefix gets its own copy: no block is ever shared for writing
     r2 = FakeReq([1, 2, 3, 4, 5, 6, 7, 1])
-    tree.admit(r2)
-    assert tree.copies[-1] == (2, 4, 3) and r2.block_table == [0, 4] and tree.pool.ref[0] == 2
-    tree.release(r)
-    tree.release(r2)
-    assert all(c == 0 for c in tree.pool.ref) and tree.pool.n_free == 16 and tree.pool.cached <= set(tree.by_block)
+    mgr.admit(r2)
+    assert mgr.copies[-1] == (2, 4, 3) and mgr.block_table(r2) == [0, 4] and pool.ref[0] == 2
+    mgr.free(r)
+    mgr.free(r2)
+    assert all(c == 0 for c in pool.ref) and pool.n_free == 16 and pool.cached <= set(tree.by_block)
 
 
 def test_partial_match_from_a_full_block_and_one_token_left():
-    tree = cow_tree()
-    finished(tree, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # 0, 1 full, 2 = (9,)
+    mgr = Cache()
+    finished(mgr, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # 0, 1 full, 2 = (9,)
     r = FakeReq([1, 2, 3, 4, 5, 6, 0, 0])
-    tree.admit(r)  # rows 0-1 of the full block 1
-    assert tree.copies == [(1, 3, 2)] and r.block_table == [0, 3] and r.n_cached == 6
+    mgr.admit(r)  # rows 0-1 of the full block 1
+    assert mgr.copies == [(1, 3, 2)] and mgr.block_table(r) == [0, 3] and r.n_cached == 6
     same = FakeReq([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    tree.admit(same)  # the whole prompt is cached: its last token is still computed, for logits
-    assert same.block_table[:2] == [0, 1] and same.n_cached == 8 and len(tree.copies) == 1
+    mgr.admit(same)  # the whole prompt is cached: its last token is still computed, for logits
+    assert mgr.block_table(same)[:2] == [0, 1] and same.n_cached == 8 and len(mgr.copies) == 1
     r3 = FakeReq([1, 2, 3, 4, 5, 6, 7])
-    tree.admit(r3)
-    assert tree.copies[-1] == (1, 4, 2) and r3.n_cached == 6  # 3 rows match, 1 token is left to compute
+    mgr.admit(r3)
+    assert mgr.copies[-1] == (1, 4, 2) and r3.n_cached == 6  # 3 rows match, 1 token is left to compute
 
 
 def test_no_partial_reuse_when_cut_back_refused_or_out_of_blocks():
-    tree = cow_tree(n_blocks=3)
-    finished(tree, [1, 2, 3, 4, 5, 6])  # 0 full, 1 = (5, 6)
-    tree.usable = lambda blocks: 0  # sliding-window K/V lost: the full match is cut back, so no partial either
+    mgr = Cache(n_blocks=3)
+    pool = mgr.pool
+    finished(mgr, [1, 2, 3, 4, 5, 6])  # 0 full, 1 = (5, 6)
+    mgr.windows = Windows(usable=0)  # sliding-window K/V lost: the full match is cut back, so no partial either
     r = FakeReq([1, 2, 3, 4, 5, 6, 7])
-    tree.admit(r)
-    assert r.block_table == [] and r.n_cached == 0 and tree.copies == []
-    tree.usable = None
-    tree.copy = lambda src, dst, n, req: False  # the KV cache refuses: the fresh block goes back
-    tree.admit(r)
-    assert r.block_table == [0] and r.n_cached == 4 and tree.pool.ref == [1, 0, 0]
-    tree.release(r)
-    tree.copy = lambda src, dst, n, req: True
-    tree.pool.touch([2])  # held elsewhere: the only free blocks left are the tree's
-    tree.admit(r)
-    assert r.block_table == [0] and r.n_cached == 4 and tree.pool.ref == [1, 0, 1] and 1 in tree.by_block
-    tree.release(r)
-    tree.pool.free([2])
-    assert all(c == 0 for c in tree.pool.ref) and tree.pool.n_free == 3 and tree.pool.cached == {0, 1}
+    assert mgr.admit(r) == PrefixHit() and mgr.block_table(r) == [] and mgr.copies == []
+    mgr.windows = Windows(copy=False)  # the window's K/V of the source is gone: full blocks only
+    mgr.admit(r)
+    assert mgr.block_table(r) == [0] and r.n_cached == 4 and pool.ref == [1, 0, 0]
+    mgr.free(r)
+    r.n_computed = 0  # as after a preemption
+    mgr.windows = None
+    pool.touch([2])  # held elsewhere: the only free blocks left are the tree's
+    mgr.admit(r)
+    assert mgr.block_table(r) == [0] and r.n_cached == 4 and pool.ref == [1, 0, 1] and 1 in mgr.prefix.by_block
+    mgr.free(r)
+    pool.free([2])
+    assert all(c == 0 for c in pool.ref) and pool.n_free == 3 and pool.cached == {0, 1}
 
 
 def test_copy_stops_where_row_kinds_differ():
-    tree = cow_tree()
-    finished(tree, [1, 2, 3, 4, 5, 6, 7], prompt_rows=5)  # rows 6, 7 were generated (decode rows)
+    mgr = Cache()
+    finished(mgr, [1, 2, 3, 4, 5, 6, 7], prompt_rows=5)  # rows 6, 7 were generated (decode rows)
     r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8])  # here 6 and 7 are prompt rows: their K/V would differ
-    tree.admit(r)
-    assert tree.copies == [(1, 2, 1)] and r.n_cached == 5
+    mgr.admit(r)
+    assert mgr.copies == [(1, 2, 1)] and r.n_cached == 5
     again = FakeReq([1, 2, 3, 4, 5, 6, 7, 8], prompt_rows=5)  # the same request resumed after a preemption
-    tree.admit(again)
-    assert tree.copies[-1] == (1, 3, 3) and again.n_cached == 7
+    mgr.admit(again)
+    assert mgr.copies[-1] == (1, 3, 3) and again.n_cached == 7
 
 
 def test_partial_leaf_evicted_alone_or_with_its_parent():
-    tree = cow_tree(n_blocks=4)
-    finished(tree, [1, 2, 3, 4, 5, 6])  # free queue: 2, 3, 1, 0 (the leaf before its parent)
-    finished(tree, [9, 9])  # block 2: a partial leaf under the root; queue 3, 1, 0, 2
-    assert tree.pool.allocate(1) == [3]
-    assert tree.pool.allocate(1) == [1]  # the LRU cached block: the partial leaf, alone
-    assert set(tree.by_block) == {0, 2} and not tree.by_block[0].children and tree.pool.evictions == 1
+    mgr = Cache(n_blocks=4)
+    tree, pool = mgr.prefix, mgr.pool
+    take = lambda: mgr.allocate(FakeReq([0]), 1)
+    finished(mgr, [1, 2, 3, 4, 5, 6])  # free queue: 2, 3, 1, 0 (the leaf before its parent)
+    finished(mgr, [9, 9])  # block 2: a partial leaf under the root; queue 3, 1, 0, 2
+    assert take() == [3]
+    assert take() == [1]  # the LRU cached block: the partial leaf, alone
+    assert set(tree.by_block) == {0, 2} and not tree.by_block[0].children and pool.evictions == 1
     assert tree.match_partial([1, 2, 3, 4, 5, 6], [0], 6) == (-1, 0)
-    tree.pool.free([1, 3])  # queue 0, 2, 3, 1
-    finished(tree, [1, 2, 3, 4, 5])  # revives 0, takes block 2 (evicting the (9, 9) leaf): leaf (5,)
+    pool.free([1, 3])  # queue 0, 2, 3, 1
+    finished(mgr, [1, 2, 3, 4, 5])  # revives 0, takes block 2 (evicting the (9, 9) leaf): leaf (5,)
     assert set(tree.by_block) == {0, 2} and tree.by_block[2].key == (5,) and tree.by_block[2].parent.block == 0
-    tree.evict(0)  # the parent is reused: its partial leaf leaves too
-    assert len(tree) == 0 and 2 not in tree.pool.cached and not tree.root.children
+    assert tree.evict(0) == [2]  # the parent is reused: its partial leaf leaves too
+    assert len(tree) == 0 and not tree.root.children
 
 
 # -- engine on a tiny random model ------------------------------------------------------------------------
@@ -161,7 +195,7 @@ def cold(llm, prompt, n, **kw):
 
 def assert_no_leaks(eng):
     assert all(c == 0 for c in eng.pool.ref) and eng.pool.n_free == eng.pool.n_blocks
-    assert eng.pool.cached <= set(eng.prefix.by_block) and not eng.requests
+    assert eng.pool.cached == set(eng.prefix.by_block) and not eng.requests
 
 
 def block_bytes(eng, b):
@@ -178,7 +212,7 @@ def test_non_aligned_prefix_reused_and_shared_block_never_written(tiny_llm):
     prompts = [shared + rng.integers(3, 500, k).tolist() for k in (3, 20)]
     b, c = run(eng, prompts, 10)  # running together: each gets its own copy of the partial block
     assert [r.output().metrics["cached_tokens"] for r in (b, c)] == [37, 37]
-    assert eng.prefix.cow_copies == 2 and eng.stats()["prefix_hit_tokens"] == 74
+    assert eng.kv_manager.cow_copies == 2 and eng.stats()["prefix_hit_tokens"] == 74
     assert block_bytes(eng, src) == before  # the shared block was never written
     for r, p in zip((b, c), prompts):
         assert (r.output_ids, r.logprobs) == cold(tiny_llm, p, 10)  # copied K/V == recomputed K/V, bit for bit
@@ -203,7 +237,7 @@ def test_preempted_request_resumes_from_its_own_partial_block(tiny_llm):
     eng = make_engine(tiny_llm, 160)
     eng.scheduler.output_estimate = 1  # admit optimistically: running requests get preempted
     reqs = run(eng, prompts, 30)
-    assert eng.scheduler.preemptions > 0 and eng.prefix.cow_copies > 0
+    assert eng.scheduler.preemptions > 0 and eng.kv_manager.cow_copies > 0
     for r, p in zip(reqs, prompts):
         assert (r.output_ids, r.logprobs) == cold(tiny_llm, p, 30)
     assert_no_leaks(eng)
@@ -228,7 +262,7 @@ def test_trimmed_window_layers_copy_their_slots(tiny_gemma):
     assert eng.kv.windows is not None and any(eng.kv.trimmed)
     run(eng, [shared], 1)
     (b,) = run(eng, [prompt], 8)
-    assert b.output().metrics["cached_tokens"] == 22 and eng.prefix.cow_copies == 1
+    assert b.output().metrics["cached_tokens"] == 22 and eng.kv_manager.cow_copies == 1
     want = run(gemma_engine(tiny_gemma, 0), [prompt], 8)[0]  # cold, every block kept
     assert (b.output_ids, b.logprobs) == (want.output_ids, want.logprobs)
     assert_no_leaks(eng)
@@ -244,7 +278,7 @@ def test_trimmed_window_dropped_source_is_not_copied(tiny_gemma):
     ws = eng.kv.windows
     ws.owner[ws.slot[src]] = -1  # its local K/V was taken by another block
     (b,) = run(eng, [prompt], 8)
-    assert b.output().metrics["cached_tokens"] == 20 and eng.prefix.cow_copies == 0  # full blocks only
+    assert b.output().metrics["cached_tokens"] == 20 and eng.kv_manager.cow_copies == 0  # full blocks only
     want = run(gemma_engine(tiny_gemma, 0), [prompt], 8)[0]
     assert (b.output_ids, b.logprobs) == (want.output_ids, want.logprobs)
     assert_no_leaks(eng)
@@ -278,7 +312,7 @@ def test_trimmed_engine_with_copies_equals_full_kv(tiny_gemma, seed):
         return eng, [(r.output_ids, r.logprobs) for r in reqs]
 
     # 12 slots, 2 fewer than slots_needed(2, 8, 4, 16): with slots this tight, a copy that took the slot of a block
-    # a running request still reads would fail (seed 0) — Engine._copy_block keeps those
+    # a running request still reads would fail (seed 0) — KVCacheManager._keep spares those
     trimmed, got = outputs(12)
-    assert trimmed.prefix.cow_copies > 0
+    assert trimmed.kv_manager.cow_copies > 0
     assert got == outputs(0)[1]

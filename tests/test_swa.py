@@ -12,11 +12,6 @@ from edgellm.engine.swa import WindowSlots, slots_needed
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
-class Req:
-    def __init__(self, table, n):
-        self.block_table, self.n_computed = table, n
-
-
 def tables(ws, table, start, n):
     pos = np.arange(start, start + n)
     return ws.tables(np.array([table]), pos, np.zeros(n, np.int64))[0].tolist()
@@ -25,11 +20,11 @@ def tables(ws, table, start, n):
 def test_slots_assigned_pinned_and_reused_lru():
     ws = WindowSlots(n_blocks=10, n_slots=4, block_size=4, window=8)
     assert tables(ws, [5, 6, 7], 0, 10) == [1, 2, 3]  # fresh slots in order
-    ws.pin_running([Req([5, 6, 7], 10)])  # next query at 10 sees positions 3..9: blocks 5, 6, 7
+    ws.pin_running([([5, 6, 7], 10)])  # next query at 10 sees positions 3..9: blocks 5, 6, 7
     assert tables(ws, [8], 0, 4) == [4]
     assert tables(ws, [9], 0, 4) == [4]  # no free slot: the LRU unpinned one (block 8's) is reused
     assert ws.slot[8] == 0 and ws.reused == 1
-    ws.pin_running([Req([5, 6, 7], 14)])  # window moved: block 5 (positions 0..3) is no longer pinned
+    ws.pin_running([([5, 6, 7], 14)])  # window moved: block 5 (positions 0..3) is no longer pinned
     assert tables(ws, [1, 2], 0, 8) == [1, 4]  # block 5's slot (least recently used) and block 9's
     assert ws.slot[5] == 0 and ws.slot[9] == 0
     assert ws.stats() == {"swa_slots_total": 4, "swa_slots_held": 4, "swa_slots_reused": 3}

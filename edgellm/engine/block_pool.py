@@ -2,12 +2,12 @@
 
 A block whose ref count drops to zero goes to the tail of the free queue; if it still holds a cached
 prefix (the prefix tree knows it) it can be revived until it is reused, so the least recently used
-cached blocks are evicted first — vLLM v1's design.
+cached blocks are evicted first — vLLM v1's design. The pool tells nobody when it hands out a cached block:
+it records it, and the KV cache manager (engine/kv_cache_manager.py) collects the record with `take_evicted`.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
 
 
 class BlockPool:
@@ -19,9 +19,9 @@ class BlockPool:
         self.n_blocks = n_blocks
         self.ref = [0] * n_blocks
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n_blocks))  # LRU first
-        self.on_evict: Callable[[int], None] | None = None  # tells the prefix tree a cached block is reused
         self.cached: set[int] = set()  # free blocks that still hold a prefix-tree entry
         self.evictions = 0
+        self._evicted: list[int] = []  # cached blocks handed out since the last take_evicted()
 
     @property
     def n_free(self) -> int:
@@ -41,11 +41,19 @@ class BlockPool:
             if b in self.cached:
                 self.cached.discard(b)
                 self.evictions += 1
-                if self.on_evict:
-                    self.on_evict(b)
+                self._evicted.append(b)
             self.ref[b] = 1
             out.append(b)
         return out
+
+    def take_evicted(self) -> list[int]:
+        """Cached blocks handed out (their prefix-tree entries are stale) since the last call."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    def uncache(self, blocks) -> None:
+        """Free blocks whose prefix-tree entry is gone: plain free blocks from now on."""
+        self.cached.difference_update(blocks)
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on blocks (shared prefix); revives cached free blocks."""

@@ -1,15 +1,17 @@
-"""Engine: owns the model, the paged KV cache, the block pool and the scheduler; step() moves every
-running request forward by one forward pass."""
+"""Engine: owns the model, the paged KV cache, the KV cache manager and the scheduler; step() moves every
+running request forward by one forward pass. A step whose forward raises fails only that step's requests
+(EngineStepError); step() itself does not raise for it."""
 from __future__ import annotations
 
-from edgellm.engine.block_pool import BlockPool
+import numpy as np
+
 from edgellm.engine.kv_cache import PagedKVCache
-from edgellm.engine.prefix_tree import PrefixTree
-from edgellm.engine.request import Request, history_array
+from edgellm.engine.kv_cache_manager import KVCacheManager
+from edgellm.engine.request import Request
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.swa import slots_needed
-from edgellm.errors import ContextOverflowError
+from edgellm.errors import ContextOverflowError, EngineStepError
 from edgellm.sampling import SamplingParams, token_logprobs
 from edgellm.structured import MaskWorker
 
@@ -35,14 +37,10 @@ class Engine:
             swa_slots = slots_needed(max_batch, cfg.sliding_window, block_size, token_budget)
         swa = swa_slots or None
         self.kv = PagedKVCache(cfg, n_blocks, block_size, kv_dtype=kv_dtype, swa_slots=swa)
-        self.pool = BlockPool(n_blocks)
-        self.prefix = PrefixTree(self.pool, block_size)
-        if self.kv.windows is not None:  # a cached prefix is only as long as its sliding-window K/V reaches
-            self.prefix.usable = self.kv.windows.usable_prefix
-        self.prefix.copy = self._copy_block  # copy-on-write of partly reused blocks
-        self.scheduler = Scheduler(self.pool, block_size, max_batch=max_batch, token_budget=token_budget,
-                                   prefix_cache=self.prefix)
-        self.runner = ModelRunner(model, self.kv)
+        self.kv_manager = KVCacheManager(n_blocks, block_size, self.kv)
+        self.pool, self.prefix = self.kv_manager.pool, self.kv_manager.prefix  # read-only views (stats, tests)
+        self.scheduler = Scheduler(self.kv_manager, max_batch=max_batch, token_budget=token_budget)
+        self.runner = ModelRunner(model, self.kv, self.kv_manager)
         self.requests: dict[int, Request] = {}
         self.masks = MaskWorker()
 
@@ -71,8 +69,6 @@ class Engine:
             from edgellm.structured import make_matcher
 
             req.matcher = make_matcher(params.compiled_grammar, self.tokenizer)
-        if params.max_tokens == 0:
-            req._finish("length")
         if not defer:
             self.enqueue(req)
         return req
@@ -89,71 +85,45 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Run one forward for the scheduled batch; returns requests that produced output or finished."""
+        """Run one forward for the scheduled batch; returns requests that produced output or ended."""
         items = self.scheduler.schedule()
         if not items:
-            return self._reap()
+            return self._reap([])
         # grammar masks for this step are computed on a worker thread while the forward runs (both drop the GIL)
         masks = self.masks.start([it.request.matcher for it in items if it.request.matcher is not None
                                   and it.request.n_computed + it.n_new == it.request.n_tokens])
-        if self.kv.windows is not None:
-            self.kv.windows.pin_running(self.scheduler.running)
-        logits = self.runner.run(items)
-        self.masks.wait(masks)
-        touched = []
-        for it in items:
-            r = it.request
-            if r.id in logits and not r.finished:
-                try:
-                    m = r.matcher
-                    tok = r.sampler(logits[r.id] if m is None else m.apply(logits[r.id]), history_array(r))
-                    k = r.params.logprobs
-                    r.append_token(tok, None if k is None else token_logprobs(logits[r.id], tok, k))
-                    if m is not None:
-                        m.after_token(r, tok)
-                except Exception as e:  # one request's sampling/grammar failure ends that request only
-                    r.fail(e)
-                touched.append(r)
-        return touched + self._reap()
+        try:
+            logits = self.runner.run(items)
+            self.masks.wait(masks)
+        except Exception as e:  # a kernel or model failure: this step's requests fail, the others go on
+            err = EngineStepError(f"engine step failed: {type(e).__name__}: {e}")
+            err.__cause__ = e
+            self.scheduler.fail_step(items, err)
+            return self._reap([])
+        sampled = {rid: self._sample(self.requests[rid], row) for rid, row in logits.items()}
+        self.scheduler.update_from_output(items, sampled)
+        return self._reap([it.request for it in items if it.request.id in sampled])
 
-    def _reap(self) -> list[Request]:
-        done = [r for r in self.scheduler.running if r.finished]
-        done += [r for r in self.scheduler.waiting if r.finished]
-        done += [r for r in self.requests.values() if r.finished and r not in done]
+    @staticmethod
+    def _sample(r: Request, logits):
+        """(token, logprob entry) of r from its logits (V,), grammar mask applied; an error is returned, not raised."""
+        try:
+            m, k = r.matcher, r.params.logprobs
+            tok = r.sampler(logits if m is None else m.apply(logits), np.asarray(r.all_ids, dtype=np.int64))
+            return tok, None if k is None else token_logprobs(logits, tok, k)
+        except Exception as e:
+            return e
+
+    def _reap(self, touched: list[Request]) -> list[Request]:
+        done = self.scheduler.take_finished()
         for r in done:
-            if r in self.scheduler.running:
-                self.scheduler.running.remove(r)
-            if r in self.scheduler.waiting:
-                self.scheduler.waiting.remove(r)
-            self.scheduler.release(r)
             self.requests.pop(r.id, None)
-        return done
-
-    def _copy_block(self, src: int, dst: int, n: int, req: Request) -> bool:
-        """The prefix tree's copy-on-write (req is being admitted and will continue at req.n_computed + n). A
-        trimmed sliding-window layer gives dst a slot whose block no running request, nor req, still attends to."""
-        keep = set()
-        if self.kv.windows is not None:
-            for r in self.scheduler.running:
-                keep.update(self.kv.windows.seen(r.block_table, r.n_computed))
-            keep.update(self.kv.windows.seen(req.block_table, req.n_computed + n))
-        return self.kv.copy_block(src, dst, n, keep)
+        return touched + [r for r in done if r not in touched]
 
     def cancel(self, req: Request) -> None:
+        """End req at the next step (its blocks go back then)."""
         req.cancel()
 
     def stats(self) -> dict:
-        return {
-            "blocks_total": self.pool.n_blocks,
-            "blocks_used": self.pool.n_used,
-            "blocks_free": self.pool.n_free,
-            "blocks_cached": len(self.pool.cached),
-            "evictions": self.pool.evictions,
-            "preemptions": self.scheduler.preemptions,
-            "prefix_hit_tokens": self.prefix.hit_tokens,
-            "prefix_tree_blocks": len(self.prefix),
-            "prefix_cow_copies": self.prefix.cow_copies,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            **(self.kv.windows.stats() if self.kv.windows is not None else {}),
-        }
+        return {**self.kv_manager.stats(), "preemptions": self.scheduler.preemptions,
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}

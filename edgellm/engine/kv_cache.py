@@ -57,11 +57,11 @@ class PagedKVCache:
         return self.k[i], self.v[i]
 
     def tables(self, i: int, batch) -> np.ndarray:
-        """Block tables of the batch as layer i indexes its K/V: block ids, or slots for a trimmed layer
-        (computed once per batch: the first trimmed layer assigns the slots of this step's new blocks)."""
+        """Block tables of the batch as layer i indexes its K/V: block ids, or for a trimmed layer the slot
+        tables the KV cache manager set before the forward (KVCacheManager.prepare)."""
         if not self.trimmed[i]:
             return batch.block_tables
-        if batch.slot_tables is None:
+        if batch.slot_tables is None:  # a batch built outside the engine (direct model use): slots assigned here
             batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
         return batch.slot_tables
 

@@ -1,12 +1,12 @@
-"""Request: one generation's state as it moves through the scheduler, and what it returns."""
+"""Request: one generation's state as it moves through the scheduler, and what it returns. Only the scheduler writes
+a Request (append_token, finish, fail, n_computed, state; the block table is the KV cache manager's); other
+threads ask for an end with `cancel()`, applied at the next step."""
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-
-import numpy as np
 
 from edgellm.sampling import Sampler, SamplingParams
 from edgellm.tokenizer import IncrementalDetokenizer
@@ -81,11 +81,11 @@ class Request:
         self.output_ids: list[int] = []
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, if params.logprobs
         self.text = ""
-        self.block_table: list[int] = []
         self.n_computed = 0  # tokens whose K/V are in the cache
         self.n_cached = 0  # prompt tokens reused from the prefix tree
         self.state = RequestState.WAITING
         self.finish_reason: str | None = None
+        self.cancel_requested = False  # set by cancel() (any thread), applied by the scheduler
         self.error: BaseException | None = None
         self.new_text = ""  # produced by the last step, for streaming
         self.t_arrival = time.perf_counter()
@@ -117,7 +117,7 @@ class Request:
             self.t_first = time.perf_counter()
         p = self.params
         if tok in self.stop_ids:
-            self._finish("stop")
+            self.finish("stop")
             return
         self.output_ids.append(tok)
         if logprob is not None:
@@ -126,11 +126,12 @@ class Request:
         self.text += piece
         self.new_text += piece
         if stopped:
-            self._finish("stop", flush=False)
+            self.finish("stop", flush=False)
         elif len(self.output_ids) >= p.max_tokens or self.n_tokens >= self.max_len:
-            self._finish("length")
+            self.finish("length")
 
-    def _finish(self, reason: str, *, flush: bool = True) -> None:
+    def finish(self, reason: str, *, flush: bool = True) -> None:
+        """End with `reason`, flushing text held back by the detokenizer and the stop matcher (scheduler only)."""
         if flush:
             piece, _ = self.stop.feed(self.detok.flush())
             piece += self.stop.flush()
@@ -144,11 +145,11 @@ class Request:
         """End the request because of an error in its own processing (reported to its caller)."""
         self.error = error
         if not self.finished:
-            self._finish("error")
+            self.finish("error")
 
     def cancel(self) -> None:
-        if not self.finished:
-            self._finish("cancelled")
+        """Ask for the request to end ("cancelled"); the scheduler ends it and frees its blocks at the next step."""
+        self.cancel_requested = True
 
     def output(self) -> RequestOutput:
         return RequestOutput(self.id, self.text, list(self.output_ids), self.finish_reason,
@@ -167,7 +168,3 @@ class Request:
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.n_cached,
         }
-
-
-def history_array(req: Request) -> np.ndarray:
-    return np.asarray(req.all_ids, dtype=np.int64)

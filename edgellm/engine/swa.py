@@ -7,7 +7,7 @@ window mask hides it anyway). Each step pins the blocks that running requests ca
 `window - 1` positions) and the blocks this step's rows attend to or write; every other slot is a cache (its
 block may come back through a prefix-tree match) and is reused least recently used first. A prefix match is
 cut back to where all the local K/V its first query needs is still present. A copy-on-write of a partly reused
-block (engine/prefix_tree.py) copies slot to slot: only while the source's slot still holds it, and the copy's
+block (engine/kv_cache_manager.py) copies slot to slot: only while the source's slot still holds it, and the copy's
 slot is never one whose block a running request (or the one being admitted) still attends to.
 
 With n_slots = ~max_batch windows, memory for local layers no longer grows with the context: Gemma 3 at a
@@ -64,11 +64,12 @@ class WindowSlots:
         """Blocks of `table` holding the positions before `query` that a query there attends to."""
         return self._window_blocks(table, query, query)
 
-    def pin_running(self, requests) -> None:
-        """Pin, for every running request, the blocks its next query can attend to."""
+    def pin_running(self, tables) -> None:
+        """Pin, for every running request given as (block table, n_computed), the blocks its next query can
+        attend to."""
         pins: dict[int, None] = {}
-        for r in requests:
-            pins.update(dict.fromkeys(self.seen(r.block_table, r.n_computed)))
+        for table, n_computed in tables:
+            pins.update(dict.fromkeys(self.seen(table, n_computed)))
         self._running = pins
 
     def tables(self, block_tables: np.ndarray, positions: np.ndarray, row_seq: np.ndarray) -> np.ndarray:
@@ -114,6 +115,14 @@ class WindowSlots:
                 return m
         return 0
 
+    def can_copy(self, src: int, keep) -> bool:
+        """Whether prepare_copy(src, dst, keep) succeeds for any dst (no side effects)."""
+        return self.holds(src) and self._spare(int(self.slot[src]), keep) != 0
+
+    def _spare(self, s: int, keep) -> int:
+        """The least recently used slot other than s whose block is not in keep (0: none)."""
+        return next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
+
     def prepare_copy(self, src: int, dst: int, keep) -> tuple[int, int] | None:
         """(src slot, dst slot) for copying block src's local K/V into block dst, giving dst a slot if it has
         none: the least recently used one whose block is not in `keep` (blocks some query still needs). None if
@@ -122,7 +131,7 @@ class WindowSlots:
             return None
         s = int(self.slot[src])
         if not self.holds(dst):
-            d = next((x for x in self._lru if x != s and int(self.owner[x]) not in keep), 0)
+            d = self._spare(s, keep)
             if not d:
                 return None
             self._give(d, dst)

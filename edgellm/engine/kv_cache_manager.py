@@ -1,0 +1,156 @@
+"""KVCacheManager: the one owner of KV memory (vLLM v1's kv_cache_manager.py): the BlockPool, the PrefixTree, the
+sliding-window slots (engine/swa.py) and every request's block table.
+
+The scheduler asks and decides; nothing is tried and undone. `lookup(req)` says what the cache holds for a waiting
+request and changes nothing; `allocate(req, n_tokens, hit=...)` takes every block needed or nothing (None: memory
+is short, the scheduler waits or preempts); `free(req)` gives blocks back, computed ones staying in the tree.
+A partly reused block is copied up front (copy-on-write, every layer, window slots included) into a fresh block
+of the request; `lookup` offers a copy only if it will succeed: the source still holds its window K/V, a slot no
+running request (nor this one) attends to can take the copy, and a block is free besides the revived ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgellm.engine.block_pool import BlockPool
+from edgellm.engine.prefix_tree import PrefixTree
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What the cache holds for a request: shared full blocks, then `n_rows` rows of block `src` to copy into
+    a fresh block (src -1: none); `tokens` of the request need no computing."""
+
+    blocks: tuple[int, ...] = ()
+    src: int = -1
+    n_rows: int = 0
+    tokens: int = 0
+
+
+NO_HIT = PrefixHit()
+
+
+class KVCacheManager:
+    """Blocks, prefix cache and sliding-window slots behind lookup / allocate / free.
+
+    kv: the PagedKVCache whose rows the blocks index; None simulates one without tensors (allocator tests:
+    copies are then only counted)."""
+
+    def __init__(self, n_blocks: int, block_size: int, kv=None):
+        self.pool = BlockPool(n_blocks)
+        self.prefix = PrefixTree(block_size)
+        self.bs, self.kv = block_size, kv
+        self.windows = kv.windows if kv is not None else None
+        self._held: dict[int, tuple] = {}  # request id -> (request, its blocks: position p in block [p // bs])
+        self.hit_tokens = 0  # tokens served from the prefix tree (counted once, when allocated)
+        self.cow_copies = 0  # partly reused blocks copied into a request's own block
+
+    # -- public API ---------------------------------------------------------------------------------
+    def block_table(self, req) -> list[int]:
+        """req's block ids (a copy; empty if it holds none)."""
+        return list(self._held[req.id][1]) if req.id in self._held else []
+
+    def lookup(self, req) -> PrefixHit:
+        """The longest reusable cached prefix of req's tokens, always leaving >= 1 token to compute (its logits
+        are needed). Allocates, references and copies nothing."""
+        self._forget_evicted()  # the tree must not offer blocks handed out by direct model use
+        ids = req.all_ids
+        blocks = self.prefix.match(ids, max_blocks=(len(ids) - 1) // self.bs)
+        if blocks and self.windows is not None:  # a prefix is only as long as its sliding-window K/V reaches
+            m = self.windows.usable_prefix(blocks)
+            if m < len(blocks):
+                return self._hit(blocks[:m])
+        src, n = self.prefix.match_partial(ids[:len(ids) - 1], blocks, req.prompt_rows)
+        if n and self._can_copy(src, blocks, len(blocks) * self.bs + n):
+            return self._hit(blocks, src, n)
+        return self._hit(blocks)
+
+    def allocate(self, req, n_tokens: int, *, hit: PrefixHit = NO_HIT, lookahead: int = 0) -> list[int] | None:
+        """Make req's block table cover positions < req.n_computed + hit.tokens + n_tokens, reusing `hit` (from
+        lookup, for a request that holds no blocks yet). All or nothing: None, with nothing changed, unless
+        blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks."""
+        self._forget_evicted()
+        table = self._held[req.id][1] if req.id in self._held else []
+        have = len(table) + len(hit.blocks)
+        end = req.n_computed + hit.tokens + n_tokens
+        need = max(0, -(-end // self.bs) - have)
+        revived = sum(self.pool.ref[b] == 0 for b in hit.blocks)  # cached free blocks leave the free queue
+        if max(need, -(-(end + lookahead) // self.bs) - have) > self.pool.n_free - revived:
+            return None
+        self._held[req.id] = (req, table)
+        self.pool.touch(hit.blocks)
+        table += hit.blocks
+        fresh = self._copy_partial(req, hit) if hit.n_rows else []
+        fresh += self._take(need - len(fresh))
+        table += fresh
+        self.hit_tokens += hit.tokens
+        return fresh
+
+    def free(self, req, *, cache: bool = True) -> None:
+        """Give req's blocks back. cache=True: its computed blocks stay in the prefix tree (the last one as a
+        partial leaf if partly filled); False (a failed step): only blocks already in the tree stay cached."""
+        self._forget_evicted()
+        _, table = self._held.pop(req.id, (None, None))
+        if not table:
+            return
+        if cache:
+            kept = self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
+        else:
+            kept = {b for b in table if b in self.prefix.by_block}
+        self.pool.free(table, cached=kept)
+
+    def prepare(self, batch) -> None:
+        """Before a forward: pin the sliding-window blocks every holder's next query attends to and set
+        batch.slot_tables (S, MB), giving a slot to every block the batch writes (no-op without trimmed layers)."""
+        if self.windows is None:
+            return
+        self.windows.pin_running((t, r.n_computed) for r, t in self._held.values())
+        batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
+
+    def stats(self) -> dict:
+        """Block, prefix-cache and sliding-window counters."""
+        p = self.pool
+        return {"blocks_total": p.n_blocks, "blocks_used": p.n_used, "blocks_free": p.n_free,
+                "blocks_cached": len(p.cached), "evictions": p.evictions, "prefix_hit_tokens": self.hit_tokens,
+                "prefix_tree_blocks": len(self.prefix), "prefix_cow_copies": self.cow_copies,
+                **(self.windows.stats() if self.windows is not None else {})}
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _hit(self, blocks: list[int], src: int = -1, n: int = 0) -> PrefixHit:
+        return PrefixHit(tuple(blocks), src, n, len(blocks) * self.bs + n)
+
+    def _keep(self, blocks, query: int) -> set[int]:
+        """Blocks some query still attends to: every holder's next one, and one at `query` over `blocks`."""
+        if self.windows is None:
+            return set()
+        keep = set(self.windows.seen(blocks, query))
+        for r, t in self._held.values():
+            keep.update(self.windows.seen(t, r.n_computed))
+        return keep
+
+    def _can_copy(self, src: int, blocks: list[int], query: int) -> bool:
+        revived = sum(self.pool.ref[b] == 0 for b in {*blocks, src})
+        if self.pool.n_free - revived < 1:
+            return False
+        return self.windows is None or self.windows.can_copy(src, self._keep(blocks, query))
+
+    def _copy_partial(self, req, hit: PrefixHit) -> list[int]:
+        """Copy-on-write: a fresh block holding hit.n_rows rows of hit.src (lookup checked that it succeeds)."""
+        self.pool.touch([hit.src])  # src may sit in the free queue: do not let _take() hand it out
+        (dst,) = self._take(1)
+        keep = self._keep(hit.blocks, len(hit.blocks) * self.bs + hit.n_rows)
+        if self.kv is not None and not self.kv.copy_block(hit.src, dst, hit.n_rows, keep):
+            raise RuntimeError(f"copy of block {hit.src} refused after lookup offered it")
+        self.pool.free([hit.src], cached={hit.src})
+        self.cow_copies += 1
+        return [dst]
+
+    def _take(self, n: int) -> list[int]:
+        got = self.pool.allocate(n)  # checked by allocate(): never None
+        self._forget_evicted()
+        return got
+
+    def _forget_evicted(self) -> None:
+        """Drop the tree entries of cached blocks the pool handed out (and of their free subtrees)."""
+        for b in self.pool.take_evicted():
+            self.pool.uncache(self.prefix.evict(b))
