@@ -146,8 +146,8 @@ class LLMBackend:
         from edgellm.structured import TokenSequence
 
         llm = self.llm
-        base = llm._prompt_ids(prefix)
-        fulls = [llm._prompt_ids(prefix + c) for c in choices]
+        base = llm.prompt_ids(prefix)
+        fulls = [llm.prompt_ids(prefix + c) for c in choices]
 
         def common(a, b):
             n = 0
