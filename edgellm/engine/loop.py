@@ -34,6 +34,7 @@ class RequestHandle:
         self.output: RequestOutput | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self._sent = 0  # characters of request.text already emitted (the loop only reads the request)
 
     def _emit(self, ev) -> None:
         self.events.put(ev)
@@ -209,8 +210,8 @@ class EngineLoop:
             h = self._handles.get(req.id)
             if h is None:
                 continue
-            if req.new_text:
-                piece, req.new_text = req.new_text, ""
+            if len(req.text) > h._sent:
+                piece, h._sent = req.text[h._sent:], len(req.text)
                 h._emit(piece)
             if req.finished and eng.is_released(req):
                 self._finish(h, error=req.error)

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgellm import errors
 from edgellm.errors import ContextOverflowError, EdgeLLMError, EngineStoppedError
 from edgellm.server import protocol as P
 from edgellm.server.generation import Choice, Generation
@@ -39,6 +40,8 @@ ERROR_STATUS: dict[type, tuple[int, str, str | None]] = {
     ContextOverflowError: (400, "invalid_request_error", "context_length_exceeded"),
     EngineStoppedError: (503, "service_unavailable", "engine_unavailable"),
 }
+if hasattr(errors, "EngineStepError"):  # the engine's failed-step error (branch i17-engine): a server fault
+    ERROR_STATUS[errors.EngineStepError] = (500, "server_error", "engine_step_failed")
 
 
 def error_status(e: BaseException) -> tuple[int, str, str | None]:
