@@ -109,7 +109,7 @@ class Answer:
         out = h.output
         self.finish_reason = "cancelled" if self.interrupted else (out.finish_reason if out else None)
         self.metrics = dict(out.metrics) if out else h.request.metrics()
-        self.session._record(self)
+        self.session.record(self)
 
 
 class ChatSession:
@@ -251,7 +251,8 @@ class ChatSession:
         if h is not None:
             h.done.wait(timeout=60)
 
-    def _record(self, ans: Answer) -> None:
+    def record(self, ans: Answer) -> None:
+        """Add a finished (or stopped) answer to the history and the totals (Answer calls it once)."""
         if ans.interrupted and not ans.text:
             return  # stopped before it said anything: the turn is dropped
         self.turns.append(Turn(ans.user, ans.text, ans.interrupted))

@@ -290,8 +290,14 @@ class ProgramState:
     def __getitem__(self, name: str):
         return self.sync().vars[name]
 
+    def sync_all(self) -> "ProgramState":
+        """Wait for the queued steps of this state and of every state forked from the same run."""
+        for st in list(self._all):
+            st.sync()
+        return self
+
     def text(self) -> str:
-        return self.sync()._text
+        return self.sync().text_now()
 
     def messages(self) -> list[dict]:
         return self.sync().messages_now()
@@ -356,7 +362,8 @@ class ProgramState:
         else:
             raise TypeError(f"cannot add {type(expr).__name__} to a program state")
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Stop the worker threads of every state of this run (queued steps still finish)."""
         for s in self._all:
             s._pool.shutdown(wait=False)
 
@@ -372,10 +379,9 @@ class Program:
         s = ProgramState(as_backend(backend))
         try:
             self.fn(s, *args, **kwargs)
-            for st in list(s._all):
-                st.sync()
+            s.sync_all()
         finally:
-            s._close()
+            s.close()
         return s
 
     __call__ = run
