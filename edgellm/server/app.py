@@ -50,7 +50,7 @@ def error_status(e: BaseException) -> tuple[int, str, str | None]:
 
 
 class ServerState:
-    """What the routes share: the LLM (None while it loads), its chat template, limits, counters, metrics."""
+    """What the routes share: the LLM (None while it loads), limits from its capacity, counters, metrics."""
 
     def __init__(self, llm=None, *, model: str | None = None, llm_kwargs: dict | None = None,
                  api_key: str | None = None, max_queue: int = 64, model_id: str | None = None):
