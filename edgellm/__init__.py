@@ -3,8 +3,9 @@
 Public names: LLM, SamplingParams, Engine, load_model, and the errors (EdgeLLMError and subclasses).
 Heavy modules are imported on first use so `edgellm --help` stays instant.
 """
-from edgellm.errors import (ContextOverflowError, EdgeLLMError, GGUFError, InvalidRequestError,
-                            ModelNotFoundError, UnsupportedModelError, UnsupportedQuantTypeError)
+from edgellm.errors import (ContextOverflowError, EdgeLLMError, EngineDeadError, EngineStoppedError, GGUFError,
+                            InvalidRequestError, ModelNotFoundError, UnsupportedModelError,
+                            UnsupportedQuantTypeError)
 
 __version__ = "0.1.0"
 
@@ -24,7 +25,7 @@ _LAZY = {
 
 __all__ = ["LLM", "SamplingParams", "Engine", "load_model", "RequestOutput", "EdgeLLMError", "GGUFError",
            "UnsupportedModelError", "UnsupportedQuantTypeError", "ModelNotFoundError", "ContextOverflowError",
-           "InvalidRequestError"]
+           "InvalidRequestError", "EngineStoppedError", "EngineDeadError"]
 
 
 def __getattr__(name):

@@ -1,16 +1,20 @@
-"""LLM: the Python API — a thin facade over the engine (generate / stream / tokenize / detokenize)."""
+"""LLM: the Python API and the one facade every caller goes through (server, chat, program frontend, CLI):
+generation (sync, streaming, async), tokens, the chat template, capacity, and one-off forwards of the model.
+Nothing outside edgellm/engine needs the engine's parts."""
 from __future__ import annotations
 
-import os
+import functools
 import sys
-from typing import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from edgellm.engine.engine import Engine
-from edgellm.engine.loop import EngineLoop, RequestHandle
+from edgellm.engine.loop import EngineLoop, Listener, RequestHandle
 from edgellm.engine.request import RequestOutput
-from edgellm.errors import InvalidRequestError
+from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
 from edgellm.loader import LoadedModel, load_gguf
 from edgellm.models.common import ForwardBatch
 from edgellm.model_path import resolve_model
@@ -20,17 +24,44 @@ from edgellm.tokenizer import Tokenizer
 DEFAULT_CTX = 4096
 
 
-def physical_cores() -> int:
-    """Physical core count (hyper-threads would oversubscribe the kernels)."""
-    try:
-        import psutil
+@dataclass(frozen=True)
+class Capacity:
+    """How much an LLM holds at once (fixed when it loads)."""
 
-        n = psutil.cpu_count(logical=False)
-        if n:
-            return n
-    except ImportError:
-        pass
-    return os.cpu_count() or 1
+    ctx_size: int  # context size in tokens
+    max_len: int  # prompt + output tokens one request may reach (the context, or the KV cache if smaller)
+    max_batch: int  # requests moved forward together in one engine step
+    token_budget: int  # prompt rows one engine step computes at most
+    block_size: int  # tokens per KV block
+    kv_blocks: int  # KV blocks in the cache, shared by every request (and the prefix cache)
+
+
+class Scratch:
+    """KV blocks held for direct use of the model on one sequence (see LLM.scratch): forward passes at chosen
+    positions, outside the engine's requests."""
+
+    def __init__(self, model, kv, blocks: list[int]):
+        self.model, self.kv, self.blocks = model, kv, blocks
+
+    def batch(self, ids, start: int, *, all_logits: bool = False, logit_rows=None) -> ForwardBatch:
+        """The ForwardBatch of tokens `ids` at positions start.. (logits of the last row, every row, or the
+        rows given, relative to start)."""
+        b = ForwardBatch.single(ids, start, self.blocks, all_logits=all_logits)
+        if logit_rows is not None:
+            b.logit_rows = np.asarray(logit_rows, dtype=np.int64)
+        return b
+
+    def forward(self, ids, start: int = 0, *, all_logits: bool = False) -> np.ndarray:
+        """Logits (rows, n_vocab) of tokens `ids` at positions start.. (their K/V stay in the blocks)."""
+        return self.model.forward(self.batch(ids, start, all_logits=all_logits), self.kv)
+
+    def hidden(self, ids, start: int, logit_rows) -> np.ndarray:
+        """Final hidden states (len(logit_rows), d_model) of the chosen rows; `logits` turns them into logits."""
+        return self.model.hidden(self.batch(ids, start, logit_rows=logit_rows), self.kv)
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """Output-head logits (rows, n_vocab) of hidden states h (rows, d_model)."""
+        return self.model.logits(h)
 
 
 def _trim_heap() -> None:
@@ -61,7 +92,7 @@ class LLM:
                  load_tokenizer: bool = True, kv_dtype: str = "f32"):
         if progress is None:
             progress = sys.stderr.isatty()
-        from kernels_cpu import set_threads
+        from kernels_cpu import physical_cores, set_threads
 
         self.threads = threads or physical_cores()
         set_threads(self.threads)
@@ -99,7 +130,9 @@ class LLM:
         """Text of token ids (special tokens rendered as their text)."""
         return self.tokenizer.decode(list(ids))
 
-    def _prompt_ids(self, prompt) -> list[int]:
+    def prompt_ids(self, prompt) -> list[int]:
+        """Token ids of a prompt as submit() sees it: a string is tokenized (BOS as the file says, control-token
+        text parsed), a list of token ids is checked against the vocabulary. Raises InvalidRequestError."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_bos=None, special=True)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
@@ -109,10 +142,51 @@ class LLM:
             return list(prompt)
         raise InvalidRequestError("prompt must be a string or a list of token ids")
 
+    # -- chat template -----------------------------------------------------------------------------
+    @functools.cached_property
+    def chat_template(self):
+        """The model's ChatTemplate (the file's, else its family's built-in one; `notice` says which)."""
+        from edgellm.chat_template import ChatTemplate
+
+        return ChatTemplate.for_model(self.loaded.metadata, self.tokenizer)
+
+    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra) -> str:
+        """The prompt text of a conversation ([{"role", "content"}, ...]) in the model's chat template, ready
+        for prompt_ids() / submit() (which add the BOS: the template's BOS text is stripped when the tokenizer
+        adds one itself). Raises InvalidRequestError on messages the template rejects."""
+        return self.chat_template.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenizer_adds_bos=self.tokenizer.add_bos, **extra)
+
+    # -- capacity and health --------------------------------------------------------------------------
+    @functools.cached_property
+    def capacity(self) -> Capacity:
+        """Context, longest request, batch and KV cache sizes."""
+        eng = self.engine
+        kv_blocks = eng.pool.n_blocks
+        return Capacity(ctx_size=self.ctx_size, max_len=min(self.ctx_size, kv_blocks * eng.block_size),
+                        max_batch=eng.scheduler.max_batch, token_budget=eng.scheduler.token_budget,
+                        block_size=eng.block_size, kv_blocks=kv_blocks)
+
+    @property
+    def error(self) -> EngineStoppedError | None:
+        """None while the engine serves; else the error every request gets (EngineStoppedError after
+        shutdown(), EngineDeadError if the engine thread failed)."""
+        return self.loop.error
+
+    def shutdown(self) -> None:
+        """Stop the engine thread: requests in flight end with EngineStoppedError, later ones raise it."""
+        self.loop.shutdown()
+
     # -- generation -----------------------------------------------------------------------------
-    def submit(self, prompt, params: SamplingParams | None = None, *, priority: int = 0) -> RequestHandle:
-        """Queue one request on the engine thread; returns its handle (stream / result / cancel)."""
-        return self.loop.submit(self._prompt_ids(prompt), params or SamplingParams(), priority=priority)
+    def submit(self, prompt, params: SamplingParams | None = None, *, priority: int = 0,
+               listener: Listener | None = None) -> RequestHandle:
+        """Queue one request on the engine thread; returns its handle (pieces / result / cancel).
+
+        `listener(handle, piece)` is called on the engine thread for each text piece and once with None when
+        the request has ended; it must be quick (AsyncEvents hands them to an asyncio loop). Raises
+        InvalidRequestError / ContextOverflowError for a bad prompt, EngineStoppedError once the engine stopped."""
+        return self.loop.submit(self.prompt_ids(prompt), params or SamplingParams(), priority=priority,
+                                listener=listener)
 
     def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None):
         """Generate for one prompt (returns one RequestOutput) or a list (one continuous batch, outputs in order)."""
@@ -122,7 +196,7 @@ class LLM:
             params = [params or SamplingParams()] * len(plist)
         if len(params) != len(plist):
             raise InvalidRequestError("one SamplingParams per prompt, or a single one for all")
-        ids = [self._prompt_ids(p) for p in plist]  # validate all before queueing any
+        ids = [self.prompt_ids(p) for p in plist]  # validate all before queueing any
         handles: list[RequestHandle] = []
         try:
             for i, p in zip(ids, params):
@@ -145,34 +219,24 @@ class LLM:
 
     async def agenerate(self, prompt, params: SamplingParams | None = None) -> RequestOutput:
         """Async generate: awaits the output without blocking the event loop."""
-        h, q = self._asubmit(prompt, params)
-        async for _ in self._adrain(h, q):
+        async for h, _ in self._aevents(prompt, params):
             pass
         return h.output
 
     async def astream(self, prompt, params: SamplingParams | None = None):
         """Async iterator over text pieces; cancelling the consumer cancels the request."""
-        h, q = self._asubmit(prompt, params)
-        async for piece in self._adrain(h, q):
-            yield piece
+        async for _, piece in self._aevents(prompt, params):
+            if piece is not None:
+                yield piece
 
-    def _asubmit(self, prompt, params):
-        import asyncio
-
-        aloop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        h = self.loop.submit(self._prompt_ids(prompt), params or SamplingParams(),
-                             listener=lambda ev: aloop.call_soon_threadsafe(q.put_nowait, ev))
-        return h, q
-
-    @staticmethod
-    async def _adrain(h: RequestHandle, q):
+    async def _aevents(self, prompt, params):
+        bridge = AsyncEvents()
+        h = self.submit(prompt, params, listener=bridge.listener())
         try:
             while True:
-                ev = await q.get()
-                if isinstance(ev, str):
-                    yield ev
-                elif h.done.is_set():
+                _, h, piece, _ = await bridge.get()
+                yield h, piece
+                if piece is None:
                     if h.error:
                         raise h.error
                     return
@@ -180,26 +244,65 @@ class LLM:
             if not h.done.is_set():
                 h.cancel()
 
+    # -- direct model use -------------------------------------------------------------------------
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run fn() on the engine thread between its steps and return its result (re-raising its error): direct
+        model use then neither races the engine nor launches kernels from a second thread."""
+        return self.loop.call(fn)
+
+    @contextmanager
+    def scratch(self, n_tokens: int) -> Iterator[Scratch]:
+        """KV blocks for one sequence of up to n_tokens positions, for one-off forwards (scoring, perplexity,
+        benchmarks, warm-up), given back on exit. Raises ContextOverflowError if they do not fit. Use it inside
+        call() once the engine may be running."""
+        eng = self.engine
+        blocks = eng.pool.allocate(-(-n_tokens // eng.block_size)) if n_tokens <= self.ctx_size else None
+        if blocks is None:
+            raise ContextOverflowError(f"{n_tokens} tokens do not fit in the context ({self.ctx_size} tokens) or "
+                                       f"the free KV cache ({eng.pool.n_free * eng.block_size} tokens); raise "
+                                       f"--ctx-size / kv_cache_tokens")
+        try:
+            yield Scratch(self.model, eng.kv, blocks)
+        finally:
+            eng.pool.free(blocks)
+
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no
         sampling, nothing cached): for scoring and for comparisons with reference implementations."""
-        ids = self._prompt_ids(list(token_ids))
-        return self.loop.call(lambda: self._logits(ids))  # on the engine thread, between its steps
+        ids = self.prompt_ids(list(token_ids))
 
-    def _logits(self, ids: list[int]) -> np.ndarray:
-        eng = self.engine
-        blocks = eng.pool.allocate(-(-len(ids) // eng.block_size))
-        if blocks is None or len(ids) > self.ctx_size:
-            from edgellm.errors import ContextOverflowError
+        def run():
+            with self.scratch(len(ids)) as s:
+                return s.forward(ids, 0, all_logits=True)
 
-            if blocks is not None:
-                eng.pool.free(blocks)
-            raise ContextOverflowError(f"{len(ids)} tokens do not fit in the free KV cache / context")
-        try:
-            return self.model.forward(ForwardBatch.single(ids, 0, blocks, all_logits=True), eng.kv)
-        finally:
-            eng.pool.free(blocks)
+        return self.call(run)  # on the engine thread, between its steps
 
     def stats(self) -> dict:
         """Engine metrics: KV blocks total/used/free/cached, evictions, preemptions, queue sizes."""
         return self.engine.stats()
+
+
+class AsyncEvents:
+    """The bridge from the engine thread to an asyncio event loop, for one or more requests: pass
+    `listener(tag)` to LLM.submit, then `await get()` -> (tag, handle, piece or None at the end, extra).
+    `on_event(handle, piece)`, if given, runs on the engine thread first (counters, a snapshot) and its result
+    is `extra`. Create it inside the running event loop."""
+
+    def __init__(self):
+        import asyncio
+
+        self._aloop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def listener(self, tag=None, on_event: Callable[[RequestHandle, str | None], object] | None = None) -> Listener:
+        """A submit() listener that hands the request's events to this loop, tagged."""
+
+        def fn(h: RequestHandle, piece: str | None) -> None:  # engine thread
+            extra = on_event(h, piece) if on_event is not None else None
+            self._aloop.call_soon_threadsafe(self._queue.put_nowait, (tag, h, piece, extra))
+
+        return fn
+
+    async def get(self) -> tuple[object, RequestHandle, str | None, object]:
+        """The next event of any request listened to."""
+        return await self._queue.get()

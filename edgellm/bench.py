@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from edgellm.models.common import ForwardBatch
-
 
 @dataclass
 class BenchResult:
@@ -32,39 +30,28 @@ def peak_rss_mb() -> float:
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
 
 
-def _run(llm, tokens: np.ndarray, blocks: list[int], chunk: int) -> None:
-    model, kv = llm.model, llm.engine.kv
+def _prefill(sc, tokens: np.ndarray, chunk: int) -> None:
     for s in range(0, len(tokens), chunk):
-        model.forward(ForwardBatch.single(tokens[s:s + chunk], s, blocks), kv)
+        sc.forward(tokens[s:s + chunk], s)
 
 
 def bench(llm, *, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 3, chunk: int = 512) -> BenchResult:
     """Median tokens/s over repetitions: pp = one prompt of n_prompt random tokens (logits of the last
     row only, as llama-bench), tg = n_gen single-token decode steps with greedy picks."""
     rng = np.random.default_rng(0)
-    eng = llm.engine
-    need = -(-(max(n_prompt, n_gen) + 1) // eng.block_size)
-    blocks = eng.pool.allocate(need)
-    if blocks is None:
-        from edgellm.errors import ContextOverflowError
-
-        raise ContextOverflowError(f"bench needs {need * eng.block_size} KV tokens; raise --ctx-size")
     pp, tg = [], []
-    try:
+    with llm.scratch(max(n_prompt, n_gen) + 1) as sc:
         for _ in range(repetitions):
             if n_prompt:
                 toks = rng.integers(0, llm.config.n_vocab, n_prompt)
                 t = time.perf_counter()
-                _run(llm, toks, blocks, chunk)
+                _prefill(sc, toks, chunk)
                 pp.append(n_prompt / (time.perf_counter() - t))
             if n_gen:
                 tok = int(rng.integers(0, llm.config.n_vocab))
                 t = time.perf_counter()
                 for i in range(n_gen):
-                    logits = llm.model.forward(ForwardBatch.single([tok], i, blocks), eng.kv)
-                    tok = int(np.argmax(logits[0]))
+                    tok = int(np.argmax(sc.forward([tok], i)[0]))
                 tg.append(n_gen / (time.perf_counter() - t))
-    finally:
-        eng.pool.free(blocks)
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     return BenchResult(med(pp), med(tg), llm.threads, peak_rss_mb(), n_prompt, n_gen, repetitions)

@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from edgellm.chat_template import ChatTemplate, strip_leading_bos
 from edgellm.errors import ContextOverflowError, EdgeLLMError, InvalidRequestError
 from edgellm.sampling import SamplingParams
 
@@ -110,7 +109,7 @@ class Answer:
         out = h.output
         self.finish_reason = "cancelled" if self.interrupted else (out.finish_reason if out else None)
         self.metrics = dict(out.metrics) if out else h.request.metrics()
-        self.session._record(self)
+        self.session.record(self)
 
 
 class ChatSession:
@@ -128,9 +127,7 @@ class ChatSession:
         self._prewarm = None  # handle of a background prefill of the conversation so far
         self.notify = notify or (lambda msg: None)
         tok = llm.tokenizer
-        name = lambda i: tok.tokens[i] if i is not None else ""  # noqa: E731
-        self.template = ChatTemplate.from_metadata(llm.loaded.metadata, bos_token=name(tok.bos_id),
-                                                   eos_token=name(tok.eos_id))
+        self.template = llm.chat_template
         ids = (tok.token_to_id(t) for t in TURN_START_TOKENS)
         self.turn_stop_ids = sorted({i for i in ids if i is not None and tok.is_special(i)})
 
@@ -196,11 +193,7 @@ class ChatSession:
     # -- prompts ----------------------------------------------------------------------------------
     def render_ids(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation (exactly one BOS when the model wants one)."""
-        text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
-        tok = self.llm.tokenizer
-        if tok.add_bos:
-            text = strip_leading_bos(text, self.template.bos_token)
-        return self.llm.tokenize(text, special=True, add_bos=tok.add_bos)
+        return self.llm.prompt_ids(self.llm.render_chat(messages, add_generation_prompt=add_generation_prompt))
 
     def prepare(self, user: str) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params for the next turn; drops the oldest turns if the context is short.
@@ -242,19 +235,14 @@ class ChatSession:
         that prefix is shorter than one KV block."""
         marker = "\ue000"  # a private-use character: where the user's next message would begin
         try:
-            text = self.template.render(self.messages(marker), add_generation_prompt=False)
+            text = self.llm.render_chat(self.messages(marker), add_generation_prompt=False)
         except EdgeLLMError:
             return
         cut = text.find(marker)
         if cut <= 0:
             return
-        text = text[:cut]
-        tok = self.llm.tokenizer
-        if tok.add_bos:
-            text = strip_leading_bos(text, self.template.bos_token)
-        ids = self.llm.tokenize(text, special=True, add_bos=tok.add_bos)
-        block = getattr(getattr(self.llm, "engine", None), "block_size", 16)
-        if len(ids) > block and len(ids) + 1 < self.llm.ctx_size:
+        ids = self.llm.prompt_ids(text[:cut])
+        if len(ids) > self.llm.capacity.block_size and len(ids) + 1 < self.llm.ctx_size:
             self._prewarm = self.llm.submit(ids, SamplingParams(max_tokens=1, temperature=0))
 
     def _wait_prewarm(self) -> None:
@@ -263,7 +251,8 @@ class ChatSession:
         if h is not None:
             h.done.wait(timeout=60)
 
-    def _record(self, ans: Answer) -> None:
+    def record(self, ans: Answer) -> None:
+        """Add a finished (or stopped) answer to the history and the totals (Answer calls it once)."""
         if ans.interrupted and not ans.text:
             return  # stopped before it said anything: the turn is dropped
         self.turns.append(Turn(ans.user, ans.text, ans.interrupted))
@@ -307,10 +296,10 @@ class ChatSession:
         lines.append(f"session           {t.answers} answers · {t.completion_tokens} tokens generated · "
                      f"{avg:.1f} tok/s average")
         lines.append(f"prompt cache      {t.cached_tokens} of {t.prompt_tokens} prompt tokens reused ({share:.0%})")
-        bs = getattr(getattr(self.llm, "engine", None), "block_size", None)
+        bs = self.llm.capacity.block_size
         empty = s["blocks_free"] - s["blocks_cached"]  # the pool counts cached blocks as free (evictable)
         lines.append(f"KV cache          {self.kv_use():.0%} · {s['blocks_used']} in use, {s['blocks_cached']} cached, "
-                     f"{empty} empty of {s['blocks_total']} blocks" + (f" ({bs} tokens each)" if bs else ""))
+                     f"{empty} empty of {s['blocks_total']} blocks ({bs} tokens each)")
         lines.append("sampling          " + " ".join(f"{k}={v}" for k, v in self.options().items()))
         return "\n".join(lines)
 

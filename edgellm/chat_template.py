@@ -292,6 +292,19 @@ class ChatTemplate:
         return cls.builtin(family, bos_token=bos_token, eos_token=eos_token,
                            notice=f"{why}; using the built-in {family!r} template")
 
+    @classmethod
+    def for_model(cls, meta: dict, tokenizer) -> "ChatTemplate":
+        """``from_metadata`` with the BOS / EOS token texts of the model's tokenizer."""
+        text = lambda i: tokenizer.tokens[i] if i is not None else ""  # noqa: E731
+        return cls.from_metadata(meta, bos_token=text(tokenizer.bos_id), eos_token=text(tokenizer.eos_id))
+
+    def render_prompt(self, messages: list[dict], *, tokenizer_adds_bos: bool, add_generation_prompt: bool = True,
+                      **extra: Any) -> str:
+        """``render``, then the leading BOS text stripped if the tokenizer adds BOS itself: tokenized with
+        special-token parsing, the text gives exactly one BOS (see the module doc)."""
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        return strip_leading_bos(text, self.bos_token) if tokenizer_adds_bos else text
+
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         """Render ``messages`` to prompt text (BOS text included if the template writes it; see the module doc).
 

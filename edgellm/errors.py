@@ -30,6 +30,16 @@ class InvalidRequestError(EdgeLLMError):
     """A request parameter is out of range or of the wrong type."""
 
 
+# -- the engine loop (edgellm/engine/loop.py) -----------------------------------------------------------------
+class EngineStoppedError(EdgeLLMError):
+    """The engine loop was shut down: new requests are refused and the ones in flight end with this error."""
+
+
+class EngineDeadError(EngineStoppedError):
+    """The engine thread stopped on an unexpected error (an engine bug). Every request in flight and every later
+    one fails with this error; its ``__cause__`` is the original exception. Load the model again to go on."""
+
+
 class EngineStepError(EdgeLLMError):
     """The engine step that ran this request failed (its forward raised); the cause is chained. Other requests
     go on."""

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.errors import ContextOverflowError
-from edgellm.models.common import ForwardBatch
 from edgellm.sampling import logprobs
 
 LOGIT_ROWS = 16  # output-head rows per call: bounds the (rows, n_vocab) logits buffer
@@ -22,11 +21,8 @@ class PerplexityResult:
 
 
 def perplexity(llm, text: str, *, n_ctx: int = 512, progress: bool = False, chunk: int = 256) -> PerplexityResult:
-    """Perplexity of text under llm's model (see module doc). Needs at least 2 * n_ctx tokens... or one window."""
-    loop = getattr(llm, "loop", None)  # on the engine thread (between its steps) when the LLM has one
-    if loop is not None:
-        return loop.call(lambda: _perplexity(llm, text, n_ctx, progress, chunk))
-    return _perplexity(llm, text, n_ctx, progress, chunk)
+    """Perplexity of text under llm's model (see module doc). Needs at least one window of n_ctx tokens."""
+    return llm.call(lambda: _perplexity(llm, text, n_ctx, progress, chunk))  # on the engine thread, between steps
 
 
 def _perplexity(llm, text: str, n_ctx: int, progress: bool, chunk: int) -> PerplexityResult:
@@ -38,14 +34,10 @@ def _perplexity(llm, text: str, n_ctx: int, progress: bool, chunk: int) -> Perpl
         raise ContextOverflowError(f"text has {len(toks)} tokens; need at least one window of --ctx {n_ctx} tokens")
     if n_ctx > llm.config.n_ctx_train:
         raise ContextOverflowError(f"--ctx {n_ctx} exceeds the model's training context {llm.config.n_ctx_train}")
-    engine = llm.engine
-    blocks = engine.pool.allocate(-(-n_ctx // engine.block_size))
-    if blocks is None:
-        raise ContextOverflowError(f"--ctx {n_ctx} does not fit in the KV cache; raise --ctx-size")
     first = n_ctx // 2
     nll: list[float] = []
     bos = llm.tokenizer.bos_id
-    try:
+    with llm.scratch(n_ctx) as sc:
         for w in tqdm(range(n_windows), desc="perplexity", disable=not progress, unit="window"):
             win = list(toks[w * n_ctx:(w + 1) * n_ctx])
             if bos is not None:
@@ -54,15 +46,11 @@ def _perplexity(llm, text: str, n_ctx: int, progress: bool, chunk: int) -> Perpl
             for s in range(0, n_ctx, chunk):
                 part = win[s:s + chunk]
                 rows = [j - s for j in range(s, s + len(part)) if first <= j < n_ctx - 1]
-                b = ForwardBatch.single(part, s, blocks)
-                b.logit_rows = np.asarray(rows, dtype=np.int64)
-                hid.append(llm.model.hidden(b, engine.kv))
+                hid.append(sc.hidden(part, s, rows))
             h = np.concatenate(hid)  # (n_ctx - 1 - first, D): rows first .. n_ctx-2
             for r0 in range(0, len(h), LOGIT_ROWS):
-                lg = llm.model.logits(h[r0:r0 + LOGIT_ROWS])
+                lg = sc.logits(h[r0:r0 + LOGIT_ROWS])
                 for i, row in enumerate(lg):
                     j = first + r0 + i
                     nll.append(-float(logprobs(row)[win[j + 1]]))
-    finally:
-        engine.pool.free(blocks)
     return PerplexityResult(math.exp(sum(nll) / len(nll)), len(nll), nll)

@@ -56,7 +56,6 @@ class Gen(Expr):
     temperature: float = 0.0
     regex: str | None = None
     json_schema: Any = None
-    choices: list[str] | None = None
     seed: int | None = None
 
 
@@ -69,7 +68,7 @@ class Select(Expr):
 def gen(name: str | None = None, *, max_tokens: int = 64, stop: list[str] | str | None = None,
         temperature: float = 0.0, regex: str | None = None, json_schema: Any = None, seed: int | None = None) -> Gen:
     """Generate text into variable `name` (greedy by default; `regex` / `json_schema` constrain it)."""
-    return Gen(name, max_tokens, stop, temperature, regex, json_schema, None, seed)
+    return Gen(name, max_tokens, stop, temperature, regex, json_schema, seed)
 
 
 def select(name: str | None = None, *, choices: list[str]) -> Select:
@@ -93,9 +92,17 @@ def assistant(content=None) -> Role:
     return Role("assistant", content)
 
 
+_MARK, _OTHER = "\x00EDGELLM\x00", "\x00OTHER\x00"  # stand-in contents that no template produces itself
+
 # -- backends ------------------------------------------------------------------------------------------------------
 class LLMBackend:
-    """Runs programs in-process on an edgellm.LLM; roles are rendered with the model's chat template."""
+    """Runs programs in-process on an edgellm.LLM; roles are rendered with the model's chat template.
+
+    A role's marks (the text before and after its content) are read off the template by rendering a message of
+    that role where the template accepts one: a user or system message first, an assistant message after a user
+    message. A template that folds the system prompt into the first user turn (Gemma) gets the system text first,
+    followed by the separator the template puts between it and the user's message. A template that cannot
+    render a role raises InvalidRequestError naming the role and the template."""
 
     def __init__(self, llm):
         self.llm = llm
@@ -108,21 +115,22 @@ class LLMBackend:
         return self._roles[role]
 
     def _marks(self, role: str) -> tuple[str, str]:
-        from edgellm.chat_template import ChatTemplate
+        from edgellm.errors import InvalidRequestError
 
-        tok = self.llm.tokenizer
-        name = lambda i: tok.tokens[i] if i is not None else ""  # noqa: E731
-        sentinel = "\x00EDGELLM\x00"
-        try:
-            tpl = ChatTemplate.from_metadata(self.llm.loaded.metadata, bos_token=name(tok.bos_id),
-                                             eos_token=name(tok.eos_id))
-            text = tpl.render([{"role": role, "content": sentinel}], add_generation_prompt=False)
-            pre, post = text.split(sentinel)
-            if tok.add_bos and tpl.bos_token and pre.startswith(tpl.bos_token):
-                pre = pre[len(tpl.bos_token):]
+        render = lambda msgs: self.llm.render_chat(msgs, add_generation_prompt=False)  # noqa: E731
+        before = [] if role in ("system", "user") else [{"role": "user", "content": _OTHER}]
+        head = render(before) if before else ""
+        text = render(before + [{"role": role, "content": _MARK}])
+        if text.startswith(head) and text.count(_MARK) == 1:
+            pre, post = text[len(head):].split(_MARK)
             return pre, post
-        except Exception:  # no usable template for a lone message of this role: a plain-text fallback
-            return f"{role.capitalize()}: ", "\n"
+        if role == "system":  # folded into the first user turn: the system text, then the template's separator
+            text = render([{"role": "system", "content": _MARK}, {"role": "user", "content": _OTHER}])
+            i, j = text.find(_MARK), text.find(_OTHER)
+            if 0 <= i < j:
+                return "", text[i + len(_MARK):j]
+        raise InvalidRequestError(f"the chat template {self.llm.chat_template.name!r} cannot render a lone "
+                                  f"{role!r} message as a program step")
 
     def cache_prefix(self, text: str) -> None:
         """Prefill `text` (one greedy token) so its full KV blocks enter the prefix tree before branches start
@@ -136,7 +144,7 @@ class LLMBackend:
 
         stop = [g.stop] if isinstance(g.stop, str) else list(g.stop or [])
         params = SamplingParams(max_tokens=g.max_tokens, temperature=g.temperature, stop=stop, seed=g.seed,
-                                regex=g.regex, json_schema=g.json_schema, choices=g.choices)
+                                regex=g.regex, json_schema=g.json_schema)
         return self.llm.generate(state.text_now(), params).text
 
     def score(self, prefix: str, choices: list[str]) -> tuple[list[int], list[list[int]], list[float]]:
@@ -146,8 +154,8 @@ class LLMBackend:
         from edgellm.structured import TokenSequence
 
         llm = self.llm
-        base = llm._prompt_ids(prefix)
-        fulls = [llm._prompt_ids(prefix + c) for c in choices]
+        base = llm.prompt_ids(prefix)
+        fulls = [llm.prompt_ids(prefix + c) for c in choices]
 
         def common(a, b):
             n = 0
@@ -165,11 +173,15 @@ class LLMBackend:
             p.compiled_grammar = TokenSequence(f[k:])
             handles.append(llm.submit(ctx, p))
         scores = []
-        for h, f in zip(handles, fulls):
-            h.result()
-            lps = h.request.logprobs
-            assert [t for t in h.request.output_ids] == f[k:], "forced tokens were not produced"
-            scores.append(float(sum(lp for lp, _ in lps)))
+        for c, h, f in zip(choices, handles, fulls):
+            out = h.result()
+            if out.token_ids != f[k:]:  # e.g. cut by the context: the score would be of another text
+                from edgellm.errors import ContextOverflowError
+
+                raise ContextOverflowError(f"select: choice {c!r} could not be scored: {len(out.token_ids)} of its "
+                                           f"{len(f) - k} tokens were produced (finish_reason "
+                                           f"{out.finish_reason!r})")
+            scores.append(float(sum(lp for lp, _ in h.request.logprobs)))
         return ctx, [f[k:] for f in fulls], scores
 
     def select(self, state: "ProgramState", s: Select) -> tuple[int, list[float]]:
@@ -216,13 +228,7 @@ class OpenAIBackend:
         return r.choices[0].text
 
     def generate(self, state: "ProgramState", g: Gen) -> str:
-        import json
-
-        grammar = None
-        if g.regex is not None:
-            grammar = "start: /" + g.regex.replace("/", "\\/") + "/"
-        elif g.choices:
-            grammar = "start: " + " | ".join(json.dumps(c) for c in g.choices)
+        grammar = None if g.regex is None else "start: /" + g.regex.replace("/", "\\/") + "/"
         return self._ask(state, max_tokens=g.max_tokens, temperature=g.temperature, stop=g.stop, grammar=grammar,
                          json_schema=g.json_schema, seed=g.seed)
 
@@ -284,8 +290,14 @@ class ProgramState:
     def __getitem__(self, name: str):
         return self.sync().vars[name]
 
+    def sync_all(self) -> "ProgramState":
+        """Wait for the queued steps of this state and of every state forked from the same run."""
+        for st in list(self._all):
+            st.sync()
+        return self
+
     def text(self) -> str:
-        return self.sync()._text
+        return self.sync().text_now()
 
     def messages(self) -> list[dict]:
         return self.sync().messages_now()
@@ -350,7 +362,8 @@ class ProgramState:
         else:
             raise TypeError(f"cannot add {type(expr).__name__} to a program state")
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Stop the worker threads of every state of this run (queued steps still finish)."""
         for s in self._all:
             s._pool.shutdown(wait=False)
 
@@ -366,10 +379,9 @@ class Program:
         s = ProgramState(as_backend(backend))
         try:
             self.fn(s, *args, **kwargs)
-            for st in list(s._all):
-                st.sync()
+            s.sync_all()
         finally:
-            s._close()
+            s.close()
         return s
 
     __call__ = run

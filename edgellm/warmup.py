@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
-from edgellm.models.common import ForwardBatch
-
 PREFILL_ROWS = 144  # warm-up prefill: quantization, row-wise ops and attention split from 64-128 rows
 
 
@@ -57,14 +53,10 @@ def _warm_up(llm, *, progress: bool) -> None:
         for w in weights:
             warm(w)
             bar.update(1)
-        eng = llm.engine
-        bs = eng.block_size
-        n = max(2, min(PREFILL_ROWS, eng.scheduler.token_budget, llm.ctx_size - 1, eng.pool.n_free * bs - 1))
-        blocks = eng.pool.allocate(-(-(n + 1) // bs))
-        try:
-            model.forward(ForwardBatch.single([0] * n, 0, blocks), eng.kv)
-            model.forward(ForwardBatch.single([0], n, blocks), eng.kv)
-        finally:
-            eng.pool.free(blocks)
+        cap = llm.capacity
+        n = max(2, min(PREFILL_ROWS, cap.token_budget, cap.max_len - 1))
+        with llm.scratch(n + 1) as sc:
+            sc.forward([0] * n, 0)
+            sc.forward([0], n)
         bar.update(1)
 

@@ -7,9 +7,10 @@ Public matmul API:
     get_rows(pw, ids) -> rows                             # dequantized rows (embedding lookup)
     set_threads(n)                                        # kernel threads (default: physical cores)
 """
-from ._jit import get_threads, set_threads
+from ._jit import get_threads, physical_cores, set_threads
 from .matmul import PreparedWeight, get_rows, matmul, matmul_many, prepare_weight
 
 set_threads()
 
-__all__ = ["PreparedWeight", "get_rows", "get_threads", "matmul", "matmul_many", "prepare_weight", "set_threads"]
+__all__ = ["PreparedWeight", "get_rows", "get_threads", "matmul", "matmul_many", "physical_cores", "prepare_weight",
+           "set_threads"]

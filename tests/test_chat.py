@@ -9,12 +9,14 @@ import re
 import subprocess
 import sys
 import threading
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from edgellm.chat import ChatSession, parse_messages
+from edgellm.chat_template import ChatTemplate
 from edgellm.chat_ui import ChatUI
 from edgellm.errors import ContextOverflowError, InvalidRequestError
 from edgellm.sampling import SamplingParams
@@ -73,10 +75,21 @@ class FakeLLM:
         self.submitted: list[tuple[list[int], SamplingParams]] = []
         self.handles: list[FakeHandle] = []
         self.prewarmed: list[list[int]] = []
-        self.engine = SimpleNamespace(block_size=16)
+        self.capacity = SimpleNamespace(block_size=16)
+
+    @cached_property
+    def chat_template(self):
+        return ChatTemplate.for_model(self.loaded.metadata, self.tokenizer)
+
+    def render_chat(self, messages, *, add_generation_prompt=True):
+        return self.chat_template.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenizer_adds_bos=self.tokenizer.add_bos)
 
     def tokenize(self, text, *, special=True, add_bos=False):
         return ([2] if add_bos else []) + [ord(c) for c in text]
+
+    def prompt_ids(self, text):
+        return self.tokenize(text, add_bos=self.tokenizer.add_bos)
 
     def submit(self, ids, params):
         if params.max_tokens == 1:  # a prewarm
@@ -121,7 +134,7 @@ def test_next_prompt_extends_previous_prompt_and_answer():
 
 def test_prewarm_prefills_the_start_of_the_next_prompt():
     llm = FakeLLM(answers=[["A"], ["B"]])
-    llm.engine.block_size = 32
+    llm.capacity.block_size = 32
     s = ChatSession(llm)
     s.prewarm()
     assert llm.prewarmed == []  # BOS + turn header alone: shorter than a block, nothing to gain

@@ -109,3 +109,61 @@ def test_openai_backend_against_our_server(gemma_llm):
         assert plain.run(backend=backend)["c"] in (" blue", " green")
     finally:
         srv.stop()
+
+
+# -- role marks, template errors and scoring checks (issue 17) ----------------------------------------------------
+def test_gemma_roles_are_rendered_by_its_template(gemma_llm):
+    """Gemma's template rejects a lone assistant message and has no system turn: the marks come from where the
+    template accepts them (no silent 'Assistant: ' / 'System: ' text)."""
+    from edgellm.program import LLMBackend
+
+    b = LLMBackend(gemma_llm)
+    assert b.role_marks("user") == ("<start_of_turn>user\n", "<end_of_turn>\n")
+    assert b.role_marks("assistant") == ("<start_of_turn>model\n", "<end_of_turn>\n")
+    assert b.role_marks("system") == ("", "\n\n")  # folded into the first user turn, as the template does
+
+
+class _TemplateLLM:
+    """Just enough of an LLM for LLMBackend.role_marks: a metadata template, rendered by the real ChatTemplate."""
+
+    def __init__(self, source: str):
+        from types import SimpleNamespace
+
+        self.loaded = SimpleNamespace(metadata={"tokenizer.chat_template": source})
+        self.tokenizer = SimpleNamespace(tokens=["<s>", "</s>"], bos_id=0, eos_id=1, add_bos=True)
+
+    @property
+    def chat_template(self):
+        from edgellm.chat_template import ChatTemplate
+
+        return ChatTemplate.for_model(self.loaded.metadata, self.tokenizer)
+
+    def render_chat(self, messages, *, add_generation_prompt=True):
+        return self.chat_template.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenizer_adds_bos=True)
+
+
+def test_a_template_error_is_a_named_error_not_a_plain_text_fallback():
+    from edgellm.errors import InvalidRequestError
+    from edgellm.program import LLMBackend
+
+    broken = LLMBackend(_TemplateLLM("{{ raise_exception('this template renders nothing') }}"))
+    with pytest.raises(InvalidRequestError, match="renders nothing"):
+        broken.role_marks("user")
+    silent = LLMBackend(_TemplateLLM("{% for m in messages %}{% if m.role == 'user' %}[U]{{ m.content }}"
+                                     "{% endif %}{% endfor %}"))
+    assert silent.role_marks("user") == ("[U]", "")
+    with pytest.raises(InvalidRequestError, match="cannot render a lone 'assistant'"):
+        silent.role_marks("assistant")  # dropped by the template: no guessed 'Assistant: ' either
+
+
+def test_select_choice_cut_by_the_context_is_a_named_error(tiny_model):
+    from edgellm import LLM
+    from edgellm.errors import ContextOverflowError
+    from edgellm.program import LLMBackend
+
+    llm = LLM(tiny_model("llama"), ctx_size=64, progress=False)
+    prefix = "hello world " * 8
+    assert 48 < len(llm.prompt_ids(prefix)) < 64
+    with pytest.raises(ContextOverflowError, match="could not be scored"):
+        LLMBackend(llm).score(prefix, [" hello world hello world hello world", " world"])

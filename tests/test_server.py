@@ -298,7 +298,8 @@ def test_queue_full_is_429(server, client, model_id):
         with httpx.stream("POST", server.url + "/v1/completions",
                           json={"prompt": "Tell me a long story.", "max_tokens": 400, "stream": True,
                                 "ignore_eos": True}) as resp:
-            first = next(resp.iter_lines())  # the first request is in flight
+            lines = resp.iter_lines()
+            first = next(lines)  # the first request is in flight
             assert state.n_active == 1
             t = time.perf_counter()
             try:
@@ -307,7 +308,7 @@ def test_queue_full_is_429(server, client, model_id):
                 pass
             else:
                 raise AssertionError(f"no 429 after {time.perf_counter() - t:.3f}s; first={first!r} "
-                                     f"n_active={state.n_active} rest={list(resp.iter_lines())[-3:]!r}")
+                                     f"n_active={state.n_active} rest={list(lines)[-3:]!r}")
             with pytest.raises(openai.RateLimitError) as e:
                 client.completions.create(model=model_id, prompt="x", max_tokens=1)
             assert e.value.response.headers["retry-after"] and e.value.body["code"] == "rate_limit_exceeded"

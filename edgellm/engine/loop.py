@@ -1,33 +1,48 @@
 """EngineLoop: one background thread drives Engine.step(); any thread (or asyncio task) submits requests
-and receives their output through a per-request handle. Kernels release the GIL while they compute."""
+and receives their output through a per-request handle. Kernels release the GIL while they compute.
+
+Every handle ends: with the request's output, with its own error, with EngineStoppedError after shutdown(), or
+with EngineDeadError when an exception escapes Engine.step() (the engine contains a failed forward itself, so
+one that escapes is an engine bug: the loop stops serving rather than run on in an unknown state)."""
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
 from edgellm.engine.request import Request, RequestOutput
+from edgellm.errors import EngineDeadError, EngineStoppedError
 
-_DONE = object()
+log = logging.getLogger("edgellm.engine")
+_DONE = object()  # the last event of a handle's queue
+
+# Called on the engine thread with (handle, text piece), then once with (handle, None) when the request has
+# ended (handle.done is set, output or error filled in). It must be quick and must not block.
+Listener = Callable[["RequestHandle", "str | None"], None]
 
 
 class RequestHandle:
-    """The caller's side of one request: a stream of text pieces, then the final output."""
+    """The caller's side of one request: a stream of text pieces, then the final output (or error)."""
 
-    def __init__(self, loop: "EngineLoop"):
+    def __init__(self, loop: "EngineLoop", listener: Listener | None = None):
         self._loop = loop
+        self._listener = listener
         self.request: Request | None = None
         self.events: queue.Queue = queue.Queue()  # str pieces, then _DONE
         self.output: RequestOutput | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.listeners: list[Callable[[object], None]] = []  # e.g. asyncio bridges
+        self._sent = 0  # characters of request.text already emitted (the loop only reads the request)
 
     def _emit(self, ev) -> None:
         self.events.put(ev)
-        for fn in self.listeners:
-            fn(ev)
+        if self._listener is not None:
+            try:
+                self._listener(self, None if ev is _DONE else ev)
+            except Exception:  # a listener's bug must not stop the engine thread (an asyncio loop that closed)
+                log.exception("request listener failed")
 
     def cancel(self) -> None:
         """Stop the request; its KV blocks go back at the next step."""
@@ -38,13 +53,17 @@ class RequestHandle:
         while True:
             ev = self.events.get()
             if ev is _DONE:
+                self.events.put(_DONE)  # a second iteration ends too
                 if self.error:
                     raise self.error
                 return
             yield ev
 
     def result(self, timeout: float | None = None) -> RequestOutput:
-        self.done.wait(timeout)
+        """The final output; raises the request's error, or TimeoutError if it is still running after timeout
+        seconds (the request goes on: cancel() it if it is no longer wanted)."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request still running after {timeout} s")
         if self.error:
             raise self.error
         return self.output
@@ -56,23 +75,37 @@ class EngineLoop:
     def __init__(self, engine):
         self.engine = engine
         self._cv = threading.Condition()
-        self._inbox: list[tuple[RequestHandle, list[int], object, int]] = []
+        self._inbox: list[RequestHandle] = []
         self._cancel: list[RequestHandle] = []
         self._calls: list[tuple[Callable[[], object], Future]] = []
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._error: EngineStoppedError | None = None  # set once the loop no longer serves
         self.step_lock = threading.Lock()  # held around each engine step; hold it to use the model directly
         self.on_step: Callable[[], None] | None = None  # metrics hook (server)
 
-    def submit(self, prompt_ids: list[int], params, *, priority: int = 0, listener=None) -> RequestHandle:
-        """Queue a request (validated at once: raises ContextOverflowError etc. in the caller's thread)."""
-        h = RequestHandle(self)
-        if listener is not None:
-            h.listeners.append(listener)
+    @property
+    def error(self) -> EngineStoppedError | None:
+        """None while the loop serves; else what callers get: EngineStoppedError or EngineDeadError."""
+        with self._cv:
+            return self._error
+
+    def _check(self) -> None:  # with self._cv held
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, prompt_ids: list[int], params, *, priority: int = 0,
+               listener: Listener | None = None) -> RequestHandle:
+        """Queue a request (validated at once: raises ContextOverflowError etc. in the caller's thread, and
+        EngineStoppedError / EngineDeadError once the loop no longer serves)."""
+        with self._cv:
+            self._check()
+        h = RequestHandle(self, listener)
         # validation and per-request set-up (a grammar matcher can take a while) run outside the loop's lock
         h.request = self.engine.add_request(prompt_ids, params, priority=priority, defer=True)
         with self._cv:
+            self._check()  # shut down meanwhile
             self._inbox.append(h)
             self._ensure_thread()
             self._cv.notify()
@@ -82,27 +115,56 @@ class EngineLoop:
         """Run fn() on the engine thread between steps (holding step_lock) and return its result, re-raising
         its exception: direct model use (logits, perplexity) then neither races the engine nor launches
         kernels from a second thread (each thread that launches prange loops keeps its own OpenMP team,
-        and two live teams make every launch slow; see edgellm.warmup)."""
+        and two live teams make every launch slow; see edgellm.warmup). After shutdown() it runs fn in the
+        caller's thread; a dead engine raises EngineDeadError."""
         if threading.current_thread() is self._thread:
             return fn()
         fut: Future = Future()
         with self._cv:
-            self._calls.append((fn, fut))
-            self._ensure_thread()
-            self._cv.notify()
+            if isinstance(self._error, EngineDeadError):
+                raise self._error
+            if self._error is None:
+                self._calls.append((fn, fut))
+                self._ensure_thread()
+                self._cv.notify()
+        if self._error is not None:  # shut down: no engine thread runs kernels any more
+            with self.step_lock:
+                return fn()
         return fut.result()
 
     def cancel(self, h: RequestHandle) -> None:
+        """Ask the engine thread to cancel h's request (no effect once it has ended)."""
         with self._cv:
             self._cancel.append(h)
             self._cv.notify()
 
-    def _ensure_thread(self) -> None:
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine thread: every request in flight ends with EngineStoppedError, later submits raise it.
+        Waits up to timeout seconds for the current step to finish."""
+        with self._cv:
+            if self._error is None:
+                self._error = EngineStoppedError("the engine was shut down")
+            self._stop = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _ensure_thread(self) -> None:  # with self._cv held
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
             self._thread.start()
 
+    # -- the engine thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # an engine bug: fail every caller instead of leaving them waiting
+            self._die(e)
+            if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit are not swallowed
+                raise
+
+    def _serve(self) -> None:
         eng = self.engine
         while True:
             with self._cv:
@@ -116,40 +178,68 @@ class EngineLoop:
                         eng.enqueue(h.request)
                     self._inbox.clear()
                     for h in self._cancel:
-                        if h.request is not None:
-                            h.request.cancel()
+                        eng.cancel(h.request)
                     self._cancel.clear()
-            for fn, fut in calls:  # queued before a shutdown too: their callers are waiting
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        with self.step_lock:
-                            fut.set_result(fn())
-                    except BaseException as e:  # handed to the caller
-                        fut.set_exception(e)
+            self._run_calls(calls)
             if stop:
+                self._end_all(self._error)
                 return
             if not eng.has_work():
                 continue
-            try:
-                with self.step_lock:
-                    touched = eng.step()
-            except BaseException as e:  # a kernel or model bug: fail the running requests, keep serving
-                for rid, h in list(self._handles.items()):
-                    h.request.cancel()
-                    self._finish(h, error=e)
-                eng.step()
-                continue
-            for req in touched:
-                h = self._handles.get(req.id)
-                if h is None:
-                    continue
-                if req.new_text:
-                    piece, req.new_text = req.new_text, ""
-                    h._emit(piece)
-                if req.finished and eng.is_released(req):
-                    self._finish(h, error=req.error)
+            with self.step_lock:
+                touched = eng.step()
+            self._deliver(touched)
             if self.on_step:
-                self.on_step()
+                try:
+                    self.on_step()
+                except Exception:  # metrics must not stop the engine
+                    log.exception("on_step hook failed")
+
+    def _run_calls(self, calls) -> None:
+        for fn, fut in calls:  # queued before a shutdown too: their callers are waiting
+            if fut.set_running_or_notify_cancel():
+                try:
+                    with self.step_lock:
+                        fut.set_result(fn())
+                except BaseException as e:  # handed to the caller, who re-raises it
+                    fut.set_exception(e)
+
+    def _deliver(self, touched: list[Request]) -> None:
+        eng = self.engine
+        for req in touched:
+            h = self._handles.get(req.id)
+            if h is None:
+                continue
+            if len(req.text) > h._sent:
+                piece, h._sent = req.text[h._sent:], len(req.text)
+                h._emit(piece)
+            if req.finished and eng.is_released(req):
+                self._finish(h, error=req.error)
+
+    def _take_all(self) -> list[RequestHandle]:
+        with self._cv:
+            hs = list(self._handles.values()) + self._inbox
+            self._handles, self._inbox = {}, []
+        return hs
+
+    def _end_all(self, error: BaseException) -> None:
+        """Shutdown: cancel and end every request in flight with `error`."""
+        for h in self._take_all():
+            self.engine.cancel(h.request)
+            self._finish(h, error=error)
+
+    def _die(self, e: BaseException) -> None:
+        err = EngineDeadError(f"the engine failed and stopped serving: {type(e).__name__}: {e}")
+        err.__cause__ = e
+        log.error("engine thread died", exc_info=e)
+        with self._cv:
+            self._error, self._stop = err, True
+            calls, self._calls = self._calls, []
+        for _, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(err)
+        for h in self._take_all():
+            self._finish(h, error=err)
 
     def _finish(self, h: RequestHandle, error: BaseException | None = None) -> None:
         self._handles.pop(h.request.id, None)
@@ -157,8 +247,3 @@ class EngineLoop:
         h.error = error
         h.done.set()
         h._emit(_DONE)
-
-    def shutdown(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify()

@@ -24,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edgellm.errors import EdgeLLMError
+from edgellm import errors
+from edgellm.errors import ContextOverflowError, EdgeLLMError, EngineStoppedError
 from edgellm.server import protocol as P
 from edgellm.server.generation import Choice, Generation
 from edgellm.server.metrics import ServerMetrics
@@ -33,9 +34,22 @@ log = logging.getLogger("edgellm.server")
 ERROR_RESPONSES = {code: {"model": P.ErrorResponse} for code in (400, 401, 404, 429, 503)}
 _bearer = HTTPBearer(auto_error=False, description="Set when the server runs with --api-key.")
 
+# A named error -> (HTTP status, OpenAI error type, code); the nearest class in its MRO decides.
+ERROR_STATUS: dict[type, tuple[int, str, str | None]] = {
+    EdgeLLMError: (400, "invalid_request_error", None),
+    ContextOverflowError: (400, "invalid_request_error", "context_length_exceeded"),
+    EngineStoppedError: (503, "service_unavailable", "engine_unavailable"),
+}
+ERROR_STATUS[errors.EngineStepError] = (500, "server_error", "engine_step_failed")  # a failed engine step
+
+
+def error_status(e: BaseException) -> tuple[int, str, str | None]:
+    """(status, type, code) of an error raised to a route (anything unnamed is a 500 server_error)."""
+    return next((ERROR_STATUS[c] for c in type(e).__mro__ if c in ERROR_STATUS), (500, "server_error", None))
+
 
 class ServerState:
-    """What the routes share: the LLM (None while it loads), its chat template, limits, counters, metrics."""
+    """What the routes share: the LLM (None while it loads), limits from its capacity, counters, metrics."""
 
     def __init__(self, llm=None, *, model: str | None = None, llm_kwargs: dict | None = None,
                  api_key: str | None = None, max_queue: int = 64, model_id: str | None = None):
@@ -63,19 +77,20 @@ class ServerState:
             log.error("loading the model failed: %s", e)
 
     def _ready(self, llm) -> None:
-        from edgellm.chat_template import ChatTemplate
-
-        tok = llm.tokenizer
-        text = lambda i: tok.tokens[i] if i is not None else ""  # noqa: E731
-        self.template = ChatTemplate.from_metadata(llm.loaded.metadata, bos_token=text(tok.bos_id),
-                                                   eos_token=text(tok.eos_id))
         self.model_id = self.model_id or Path(llm.loaded.path).stem
         self.aliases = {self.model_id, llm.loaded.path, str(llm.loaded.metadata.get("general.name", self.model_id))}
-        eng = llm.engine
-        self.max_len = min(llm.ctx_size, eng.pool.n_blocks * eng.block_size)
-        self.capacity = eng.scheduler.max_batch + self.max_queue
+        cap = llm.capacity
+        self.max_len = cap.max_len
+        self.capacity = cap.max_batch + self.max_queue
         self.created = int(time.time())
         self.llm = llm  # last: this is the readiness flag
+
+    def unavailable(self) -> str | None:
+        """Why the routes cannot serve (loading, failed to load, engine stopped or dead), or None."""
+        if self.llm is None:
+            return f"model failed to load: {self.load_error}" if self.load_error else "model is loading"
+        err = self.llm.error
+        return None if err is None else str(err)
 
     # -- admission --------------------------------------------------------------------------------------------
     def reserve(self, k: int) -> None:
@@ -98,19 +113,13 @@ class ServerState:
 
 # -- building prompts and parameters -------------------------------------------------------------------------
 def _chat_prompt(state: ServerState, messages) -> list[int]:
-    from edgellm.chat_template import strip_leading_bos
-
-    tok = state.llm.tokenizer
-    text = state.template.render(P.message_dicts(messages), add_generation_prompt=True)
-    if tok.add_bos:
-        text = strip_leading_bos(text, state.template.bos_token)
-    return tok.encode(text, add_bos=None, special=True)
+    llm = state.llm
+    return llm.prompt_ids(llm.render_chat(P.message_dicts(messages), add_generation_prompt=True))
 
 
 def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
-    llm = state.llm
     items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
-    return [llm._prompt_ids(p) for p in items]
+    return [state.llm.prompt_ids(p) for p in items]
 
 
 async def _tokenized(fn, *args):
@@ -220,8 +229,11 @@ def _stream_response(gen: Generation, events: AsyncIterator[str]):
         try:
             async for data in events:
                 yield {"data": data}
-        except (EdgeLLMError, P.APIError) as e:
-            yield {"data": _sse(P.error_body(str(e), "invalid_request_error"))}
+        except P.APIError as e:
+            yield {"data": _sse(e.body())}
+        except EdgeLLMError as e:
+            _, kind, code = error_status(e)
+            yield {"data": _sse(P.error_body(str(e), kind, None, code))}
         except Exception as e:  # the headers are gone: report in the stream, then end it
             log.exception("stream failed")
             yield {"data": _sse(P.error_body(f"{type(e).__name__}: {e}", "server_error"))}
@@ -244,7 +256,7 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
             threading.Thread(target=state.load, name="edgellm-load", daemon=True).start()
         yield
         if state.owns_llm and state.llm is not None:
-            state.llm.loop.shutdown()
+            state.llm.shutdown()
 
     app = FastAPI(title="edgellm", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible LLM inference on CPU from GGUF files.")
@@ -271,9 +283,9 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
                              code="invalid_api_key")
 
     async def ready() -> ServerState:
-        if state.llm is None:
-            msg = f"model failed to load: {state.load_error}" if state.load_error else "model is loading"
-            raise P.APIError(503, msg, type="service_unavailable", headers={"Retry-After": "5"})
+        why = state.unavailable()
+        if why is not None:
+            raise P.APIError(503, why, type="service_unavailable", headers={"Retry-After": "5"})
         return state
 
     guarded = [Depends(authorized)] if api_key else []  # no key: no security scheme in /openapi.json either
@@ -285,8 +297,8 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
 
     @app.exception_handler(EdgeLLMError)
     async def _edgellm_error(request: Request, e: EdgeLLMError):
-        code = "context_length_exceeded" if type(e).__name__ == "ContextOverflowError" else None
-        return JSONResponse(P.error_body(str(e), "invalid_request_error", None, code), status_code=400)
+        status, kind, code = error_status(e)
+        return JSONResponse(P.error_body(str(e), kind, None, code), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
@@ -315,8 +327,8 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     # -- service routes --
     @app.get("/health", response_model=P.Health, responses={503: {"model": P.Health}})
     async def health():
-        if state.llm is None:
-            status = "error" if state.load_error else "loading"
+        if state.unavailable() is not None:
+            status = "loading" if state.llm is None and state.load_error is None else "error"
             return JSONResponse({"status": status}, status_code=503)
         return {"status": "ok"}
 

@@ -1,8 +1,8 @@
 """Generation: the bridge between one HTTP request and its engine requests.
 
-Each choice of a request is one engine request. The engine thread calls a listener per text piece and once at the
-end; the listener hands (choice, piece, tokens so far) to the event loop with `call_soon_threadsafe`, so routes
-await output without ever blocking on a forward pass. Leaving the iteration early cancels what is left; the KV
+Each choice of a request is one engine request. Their events reach the event loop through the API's one asyncio
+bridge (`edgellm.api.AsyncEvents`), tagged with their choice and the number of output tokens at that moment, so
+routes await output without ever blocking on a forward pass. Leaving the iteration early cancels what is left; the KV
 blocks go back at the next engine step.
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import AsyncIterator
+
+from edgellm.api import AsyncEvents
 
 
 class Choice:
@@ -36,50 +38,37 @@ class Generation:
     def __init__(self, state, prompts: list[list[int]], params: list):
         self.state = state
         self.choices = [Choice(i) for i in range(len(prompts))]
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._bridge = AsyncEvents()
         self._open = len(prompts)
         state.reserve(len(prompts))
-        aloop = asyncio.get_running_loop()
         submitted = 0
         try:
             for c, ids, sp in zip(self.choices, prompts, params):
-                c.handle = state.llm.loop.submit(ids, sp, listener=self._listener(c, aloop))
+                c.handle = state.llm.submit(ids, sp, listener=self._bridge.listener(c, self._on_event))
                 submitted += 1
         except BaseException:
             state.release(len(prompts) - submitted)
             self.cancel()
             raise
 
-    def _listener(self, c: Choice, aloop):
-        state = self.state
-
-        def on_event(ev) -> None:  # engine thread
-            h = c.handle
-            n = len(h.request.output_ids) if h is not None else None
-            if not isinstance(ev, str):  # the request is over and its blocks are back in the pool
-                state.release()
-                if h is not None:
-                    state.metrics.finished(h.request.metrics(), h.request.finish_reason)
-            aloop.call_soon_threadsafe(self._queue.put_nowait, (c, ev, n))
-
-        return on_event
+    def _on_event(self, h, piece: str | None) -> int:  # engine thread: the output tokens at this piece
+        if piece is None:  # the request is over and its blocks are back in the pool
+            self.state.release()
+            self.state.metrics.finished(h.request.metrics(), h.request.finish_reason)
+        return len(h.request.output_ids)
 
     async def events(self) -> AsyncIterator[tuple[Choice, str, int, bool]]:
         try:
             while self._open:
-                c, ev, n = await self._queue.get()
-                h = c.handle
-                if n is None:
-                    n = len(h.request.output_ids)
-                finished = not isinstance(ev, str)
+                c, h, piece, n = await self._bridge.get()
+                finished = piece is None
                 if finished:
                     self._open -= 1
                     if h.error is not None:
                         raise h.error
                     c.finish_reason = h.request.finish_reason
-                    n = len(h.request.output_ids)
                 self._observe_itl(c, n)
-                yield c, ("" if finished else ev), n, finished
+                yield c, ("" if finished else piece), n, finished
         finally:
             self.cancel()
 

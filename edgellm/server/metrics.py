@@ -22,7 +22,7 @@ class _EngineCollector:
         llm = self.server.llm
         if llm is None:
             return
-        s = llm.engine.stats()
+        s = llm.stats()
         gauges = [
             ("edgellm_requests_running", "Requests in the running batch.", s["running"]),
             ("edgellm_requests_waiting", "Requests waiting for admission (engine queue plus not yet handed over).",
