@@ -77,7 +77,7 @@ def main():
     from edgellm.api import LLM
     from edgellm.model_path import default_model_path
     from edgellm.perplexity import perplexity
-    from kernels_cpu._jit import physical_cores
+    from kernels_cpu import physical_cores
     from convert.quantize_model import quantize_model
 
     ap = argparse.ArgumentParser()

@@ -23,7 +23,7 @@ from quant.mixes import FTYPES
 @friendly_errors
 def quantize(src, dst, ftype, allow_requantize, leave_output_tensor, threads, as_json):
     """Quantize the GGUF model SRC to DST (no imatrix; bytes as llama-quantize writes them)."""
-    from kernels_cpu._jit import physical_cores
+    from kernels_cpu import physical_cores
     from convert.quantize_model import describe, quantize_model
 
     res = quantize_model(src, dst, ftype, allow_requantize=allow_requantize,
@@ -61,7 +61,7 @@ def convert(hf_dir, dst, outtype, threads):
         raise UnsupportedModelError(f"edgellm convert needs the 'convert' extra (pip install edgellm[convert]): {e}") \
             from None
     if threads is None:
-        from kernels_cpu._jit import physical_cores
+        from kernels_cpu import physical_cores
 
         threads = physical_cores()
     out = convert_hf(hf_dir, dst, outtype=outtype, progress=sys.stderr.isatty(), threads=threads)
