@@ -76,11 +76,47 @@ def get_threads() -> int:
     return _threads
 
 
-_host_features: frozenset[str] | None = None
+# Forced instruction sets (EDGELLM_ISA), x86: the LLVM CPU level and the feature names the kernels then see.
+# Each tells Numba's code generator the same target, so a forced path is compiled as it would be on such a
+# host (no AVX-512 register or instruction leaks into an "avx2" build) and is cached separately.
+_X86_V3 = frozenset({"sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi",
+                     "bmi2", "lzcnt", "movbe"})
+_X86_V4 = _X86_V3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+FORCED_ISAS: dict[str, tuple[str, frozenset[str]]] = {
+    "avx2": ("x86-64-v3", _X86_V3),                        # AMD Zen 2/3, Intel before Alder Lake
+    "avx2-vnni": ("x86-64-v3", _X86_V3 | {"avxvnni"}),     # Intel Alder Lake and later client chips
+    "avx512": ("x86-64-v4", _X86_V4),
+    "avx512-vnni": ("x86-64-v4", _X86_V4 | {"avx512vnni"}),
+    "portable": ("x86-64", frozenset({"sse2"})),
+}
+
+
+def _force_isa() -> frozenset[str] | None:
+    """Apply EDGELLM_ISA (one of FORCED_ISAS) to Numba's target before anything is compiled; the features the
+    kernels use, or None when the host's own are used. A forced set must be one the host can run."""
+    name = os.environ.get("EDGELLM_ISA", "").strip().lower()
+    if not name or name == "native":
+        return None
+    if name not in FORCED_ISAS:
+        raise ValueError(f"EDGELLM_ISA={name!r}: expected one of native, {', '.join(FORCED_ISAS)}")
+    import llvmlite.binding as ll
+
+    cpu, feats = FORCED_ISAS[name]
+    host = {k for k, v in ll.get_host_cpu_features().items() if v}
+    missing = sorted(feats - host)
+    if missing:
+        raise ValueError(f"EDGELLM_ISA={name}: this CPU lacks {', '.join(missing)}")
+    nb.config.CPU_NAME = cpu
+    nb.config.CPU_FEATURES = ",".join(f"+{f}" for f in sorted(feats))
+    return frozenset(feats)
+
+
+_host_features: frozenset[str] | None = _force_isa()
 
 
 def host_features() -> frozenset[str]:
-    """LLVM feature names of the host CPU that are enabled (e.g. 'avx512bw', 'avx512vnni', 'f16c')."""
+    """LLVM feature names the kernels are built for (e.g. 'avx512bw', 'avx512vnni', 'f16c'): the host CPU's,
+    or the set forced by EDGELLM_ISA."""
     global _host_features
     if _host_features is None:
         import llvmlite.binding as ll

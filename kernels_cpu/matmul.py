@@ -116,6 +116,10 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
 # Both forms give the same integer sums, hence the same outputs. Tests switch ACT_U8 to compare them.
 ACT_U8 = "avx512vnni" in host_features()
 U8_MIN_ROWS = 4
+# On AVX2 hosts without AVX-512 every quantized format but Q8_0 takes int8 activations: its unsigned codes
+# multiply them with vpmaddubsw (32 products per instruction, twice vpmaddwd's; see Emit.u8w_sums). Q8_0's
+# weights are signed, so it keeps int16 activations. Same integer sums, hence the same outputs.
+ACT_S8 = "avx2" in host_features() and "avx512bw" not in host_features()
 
 _NO_DX = np.zeros((1, 1), np.float32)
 _NO_BS = np.zeros((1, 1), np.int32)
@@ -126,7 +130,7 @@ _Q8_1_WEIGHTS = frozenset({QuantType.Q4_1, QuantType.Q5_1})
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K) (uint8 codes + 128 for the 32-block
-    formats when ACT_U8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead
+    formats when ACT_U8; int8 codes when ACT_S8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead
     float32 (M, K/16) with the f16-rounded Q8_1 block sums at even columns (see quantize_act); or, for float weights, float32 x zero-padded to whole blocks (dx, bs
     unused)."""
     M, K = x.shape
@@ -137,7 +141,7 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
             xp[:, :K] = x
             x = xp
         return x, _NO_DX, _NO_BS
-    xq = np.empty((M, K), np.uint8 if _u8(pw, M) else np.int16)
+    xq = np.empty((M, K), _act_dtype(pw, M))
     dx = np.empty((M, K // qb), np.float32)
     bs = np.empty((M, K // 16), np.int32)
     if pw.qtype in _Q8_1_WEIGHTS:
@@ -148,8 +152,14 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     return xq, dx, bs
 
 
-def _u8(pw: PreparedWeight, m: int) -> bool:
-    return ACT_U8 and pw._act_block == 32 and m >= U8_MIN_ROWS
+def _act_dtype(pw: PreparedWeight, m: int):
+    """Activation code type for m rows and weight pw: int8 (the unsigned-weight form, ACT_S8), uint8 (codes +
+    128, the VNNI form, ACT_U8) or int16."""
+    if ACT_S8 and pw.qtype != QuantType.Q8_0:
+        return np.int8
+    if ACT_U8 and pw._act_block == 32 and m >= U8_MIN_ROWS:
+        return np.uint8
+    return np.int16
 
 
 def _quantize_chunk(xq, dx, bs, s1, x, qb, lo, hi, _scratch):
@@ -186,7 +196,8 @@ def _as_input(x: np.ndarray, pw: PreparedWeight) -> np.ndarray:
 
 def _act_key(pw: PreparedWeight, m: int) -> tuple:
     """Weights with equal keys take the same activation arrays (of m rows) from _prepare_x."""
-    return (pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw._kp if pw._act_block == 0 else 0, _u8(pw, m))
+    return (pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw._kp if pw._act_block == 0 else 0,
+            _act_dtype(pw, m) if pw._act_block else None)
 
 
 def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> np.ndarray:

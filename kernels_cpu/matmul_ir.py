@@ -6,9 +6,10 @@ Plain Numba loops do not reliably give packed integer multiply-adds (LLVM widens
 * a weight *row group* is R = 16 output rows; one "pair vector" holds 32 bytes = elements (2p, 2p+1) of
   each of the 16 rows (lane 2r+e), so a packed multiply-add (vpmaddwd) against the broadcast activation pair
   (x[2p], x[2p+1]) yields 16 int32 partial dot products, one per row, with no horizontal reductions;
-* float arithmetic is explicit (f32 scale products as llama.cpp, then llvm.fma into double accumulators in a
-  fixed order), so a row's result never depends on
-  how many activation rows are processed together (batch invariance).
+* each K block's integer dot product is exact (as ggml computes it); it is scaled in float32 and added to one
+  <16 x float> accumulator per activation row with an explicit llvm.fma, in a fixed order, so a row's result
+  never depends on how many activation rows are processed together (batch invariance). One accumulator per
+  row (not llama.cpp's 8 SIMD lanes) keeps the hot loop inside AVX2's 16 and NEON's 32 vector registers.
 
 `qdot(FMT, MB, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff, nb, ...)`
 runs the K blocks of one row group for MB activation rows (a loop in IR, accumulators in registers) and
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from llvmlite import ir
 from numba import types
@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from ._jit import host_features
 
-R = 16  # output rows per group (lanes of one 512-bit float vector)
+R = 16  # output rows per group (the repacked layout; a kernel pass covers W of them, see slice_width)
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -37,11 +37,31 @@ def V(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-class Emit:
-    """IR helpers bound to one intrinsic call site: pointers into the flat arrays and vector ops."""
+def slice_width() -> int:
+    """Rows of a group handled per pass (W): 16 with AVX-512 (one zmm of floats), else 8 (one ymm / two NEON
+    q registers). A narrower pass keeps the accumulators and weight vectors of a block in registers."""
+    feats = host_features()
+    return R if "avx512bw" in feats and "avx512f" in feats else 8
 
-    def __init__(self, context, builder, sig, args):
+
+def max_rows() -> int:
+    """Activation rows per pass over K: as many as the vector registers hold without spilling."""
+    return 8 if slice_width() == R else 2
+
+
+# Activation rows per pass of the unsigned-weight (int8 activation) form: per row one int16, two int32 and two
+# float accumulator vectors, which for 2 rows fill AVX2's 16 ymm registers with the weight and scale vectors.
+S8_ROWS = 2
+
+
+class Emit:
+    """IR helpers bound to one intrinsic call site: pointers into the flat arrays and vector ops on the current
+    slice of W rows of the 16-row group (rows lane0 .. lane0+W-1)."""
+
+    def __init__(self, context, builder, sig, args, w: int):
         self.b = builder
+        self.w = w
+        self.lane0 = 0
         (_, _, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff) = args[:16]
         aty = sig.args
 
@@ -52,15 +72,26 @@ class Emit:
         self.xq, self.xoff, self.xstride = data(3, xq), xoff, xstride
         # uint8 activations (codes + 128): the 32-block formats' u8 x s8 form (see xquad / dpbusd)
         self.x_u8 = aty[3].dtype == types.uint8
+        # int8 activations: the unsigned-weight form (codes u8 x activations s8, vpmaddubsw; see maddubs)
+        self.x_s8 = aty[3].dtype == types.int8
         self.dx, self.dxoff, self.dxstride = data(6, dx), dxoff, dxstride
         self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
         self.qs = builder.gep(data(12, qs), [qoff])
         self.sc = builder.gep(data(14, sc), [soff])
-        # <16 x double> output accumulators of the mb rows (SSA values carried across the K blocks): bodies
-        # add their block's products with e.acc[i] = e.fma(..., e.acc[i]). Double: the outputs are the exactly
-        # rounded sums of the per-block products (quantized activations amplify tiny differences, so this
-        # keeps results as close to llama.cpp's as any summation order can).
+        # <W x float> output accumulators of the mb rows (SSA values carried across the K blocks): bodies
+        # add their block's scaled integer sums with e.acc[i] = e.fma(..., e.acc[i]).
         self.acc: list = []
+
+    def part(self, lane0: int, row0: int):
+        """A view of rows lane0.. of the group and activation rows row0.. of the call."""
+        v = copy.copy(self)
+        bld = self.b
+        v.lane0 = lane0
+        r = ir.Constant(I64, row0)
+        v.xoff = bld.add(self.xoff, bld.mul(self.xstride, r))
+        v.dxoff = bld.add(self.dxoff, bld.mul(self.dxstride, r))
+        v.bsoff = bld.add(self.bsoff, bld.mul(self.bsstride, r))
+        return v
 
     def block(self, b, qbytes, sbytes, xelems):
         """A view of block b (i64) of the row group: weight, scale and activation offsets moved along K."""
@@ -101,6 +132,10 @@ class Emit:
         v = self.b.mul(t, ir.Constant(I64, a)) if a != 1 else t
         return self.b.add(v, ir.Constant(I64, c)) if c else v
 
+    def shift(self, off, per_row: int):
+        """Byte offset off (int or i64) moved to this slice: + lane0 * per_row bytes."""
+        return self.lin(off, 1, self.lane0 * per_row) if self.lane0 else off
+
     def loop(self, n, fn: Callable, state: list) -> list:
         """Run state = fn(t, state) for t in 0..n-1 as an IR loop (keeps code small); n: int or i64 value;
         state: list of vectors (kept in registers by LLVM's mem2reg)."""
@@ -116,21 +151,26 @@ class Emit:
 
     # -- activations ----------------------------------------------------------------------------------
     def xpair(self, i: int, k: int):
-        """Activation row i, elements (k, k+1) of the current block as a broadcast <32 x i16>."""
+        """Activation row i, elements (k, k+1) of the current block as a broadcast <2W x i16>."""
         v = self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32)
-        return self.b.bitcast(self.splat(v, 16), V(I16, 32))
+        return self.b.bitcast(self.splat(v, self.w), V(I16, 2 * self.w))
+
+    def xpair8(self, i: int, k: int):
+        """int8 activation row i, elements (k, k+1) of the current block as a broadcast <2W x i8>."""
+        v = self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 1), I16)
+        return self.b.bitcast(self.splat(v, self.w), V(I8, 2 * self.w))
 
     def xquad(self, i: int, k: int):
-        """uint8 activation row i, elements k..k+3 of the current block as a broadcast <16 x i32>."""
-        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 1), I32), 16)
+        """uint8 activation row i, elements k..k+3 of the current block as a broadcast <W x i32>."""
+        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 1), I32), self.w)
 
     def xval(self, i: int, k: int):
-        """Float activation row i, element k of the current block, broadcast to <16 x float>."""
-        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 4), F32), R)
+        """Float activation row i, element k of the current block, broadcast to <W x float>."""
+        return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 4), F32), self.w)
 
     def dxs(self, i: int):
-        """Activation scale of row i for the current block, broadcast <16 x float>."""
-        return self.splat(self.load(self.dx, self.elem_off(self.dxoff, self.dxstride, i, 0, 4), F32), R)
+        """Activation scale of row i for the current block, broadcast <W x float>."""
+        return self.splat(self.load(self.dx, self.elem_off(self.dxoff, self.dxstride, i, 0, 4), F32), self.w)
 
     def bsum(self, i: int, j: int):
         """Sum of quantized activations of row i over its j-th 16-element run of the current block (i32)."""
@@ -145,105 +185,212 @@ class Emit:
     def const(self, ty, n, val):
         return ir.Constant(V(ty, n), [val] * n)
 
+    def c8(self, val):
+        """<2W x i8> constant (pair-vector lanes)."""
+        return self.const(I8, 2 * self.w, val)
+
+    def c32(self, val):
+        """<W x i32> constant (one lane per row)."""
+        return self.const(I32, self.w, val)
+
     def zeros_i32(self):
-        return ir.Constant(V(I32, R), [0] * R)
+        return self.c32(0)
 
     def wvec(self, off):
-        """32 weight bytes of the current (group, block) at byte offset off: <32 x i8>."""
-        return self.load(self.qs, off, V(I8, 32))
+        """The slice's weight bytes of the pair vector at byte offset off of the (group, block): <2W x i8>."""
+        return self.load(self.qs, self.shift(off, 2), V(I8, 2 * self.w))
 
     def wbits(self, off):
-        """32 one-bit flags (u32 at byte offset off) as <32 x i8> of 0/1."""
-        bits = self.b.bitcast(self.load(self.qs, off, I32), V(I1, 32))
-        return self.b.zext(bits, V(I8, 32))
+        """The slice's one-bit flags of the u32 (bit = lane) at byte offset off, as <2W x i8> of 0/1."""
+        b = self.b
+        v = self.load(self.qs, off, I32)
+        if self.lane0:
+            v = b.lshr(v, ir.Constant(I32, 2 * self.lane0))
+        if 2 * self.w < 32:
+            v = b.trunc(v, ir.IntType(2 * self.w))
+        return b.zext(b.bitcast(v, V(I1, 2 * self.w)), V(I8, 2 * self.w))
 
     def f16x16(self, off):
-        """16 f16 values at byte offset off of the scale block, as <16 x float>."""
-        return self.b.fpext(self.load(self.sc, off, V(F16, R)), V(F32, R))
+        """The slice's f16 values of the 16 at byte offset off of the scale block, as <W x float>."""
+        return self.b.fpext(self.load(self.sc, self.shift(off, 2), V(F16, self.w)), V(F32, self.w))
 
     def u8x16(self, off, signed=False):
-        """16 bytes at byte offset off of the scale block, widened to <16 x i32>."""
-        v = self.load(self.sc, off, V(I8, R))
-        return self.b.sext(v, V(I32, R)) if signed else self.b.zext(v, V(I32, R))
+        """The slice's bytes of the 16 at byte offset off of the scale block, widened to <W x i32>."""
+        v = self.load(self.sc, self.shift(off, 1), V(I8, self.w))
+        return self.b.sext(v, V(I32, self.w)) if signed else self.b.zext(v, V(I32, self.w))
 
     def lo4(self, v):
-        return self.b.and_(v, self.const(I8, 32, 0x0F))
+        return self.b.and_(v, self.c8(0x0F))
 
     def hi4(self, v):
-        return self.b.lshr(v, self.const(I8, 32, 4))
+        return self.b.lshr(v, self.c8(4))
 
     def bits2(self, v, shift: int):
-        return self.b.and_(self.b.lshr(v, self.const(I8, 32, shift)), self.const(I8, 32, 3))
+        return self.b.and_(self.b.lshr(v, self.c8(shift)), self.c8(3))
 
     def shl(self, v, n: int):
-        return self.b.shl(v, self.const(I8, 32, n))
+        return self.b.shl(v, self.c8(n))
 
     def sub8(self, v, n: int):
-        return self.b.sub(v, self.const(I8, 32, n))
+        return self.b.sub(v, self.c8(n))
 
     def s16(self, v):
-        """<32 x i8> signed -> <32 x i16>."""
-        return self.b.sext(v, V(I16, 32))
+        """<2W x i8> signed -> <2W x i16>."""
+        return self.b.sext(v, V(I16, 2 * self.w))
+
+    def _x86(self, name, ret, args):
+        """Call an x86 intrinsic declared on demand."""
+        mod = self.b.module
+        fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ret, [a.type for a in args]), name)
+        return self.b.call(fn, args)
+
+    def _chunks(self, v, n: int) -> list:
+        """Split a vector into pieces of n lanes."""
+        und = ir.Constant(v.type, ir.Undefined)
+        m = v.type.count
+        return [self.b.shuffle_vector(v, und, ir.Constant(V(I32, n), list(range(j, j + n)))) for j in range(0, m, n)]
+
+    def _join(self, parts: list):
+        b = self.b
+        while len(parts) > 1:
+            n = parts[0].type.count
+            parts = [b.shuffle_vector(parts[j], parts[j + 1], ir.Constant(V(I32, 2 * n), list(range(2 * n))))
+                     for j in range(0, len(parts), 2)]
+        return parts[0]
 
     def pmadd(self, w16, x16):
-        """Pairwise multiply-add <32 x i16> x <32 x i16> -> <16 x i32> (vpmaddwd)."""
+        """Pairwise multiply-add <2W x i16> x <2W x i16> -> <W x i32> (vpmaddwd)."""
         b = self.b
         feats = host_features()
-        mod = b.module
-        if "avx512bw" in feats:
-            name = "llvm.x86.avx512.pmaddw.d.512"
-            fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(I32, 16), [V(I16, 32)] * 2), name)
-            return b.call(fn, [w16, x16])
-        if "avx2" in feats:  # two 256-bit halves
-            name = "llvm.x86.avx2.pmadd.wd"
-            fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(V(I32, 8), [V(I16, 16)] * 2), name)
-            und = ir.Constant(V(I16, 32), ir.Undefined)
-            halves = []
-            for h in range(2):
-                idx = ir.Constant(V(I32, 16), list(range(16 * h, 16 * h + 16)))
-                halves.append(b.call(fn, [b.shuffle_vector(w16, und, idx), b.shuffle_vector(x16, und, idx)]))
-            return b.shuffle_vector(halves[0], halves[1], ir.Constant(V(I32, 16), list(range(16))))
+        n = w16.type.count
+        if "avx512bw" in feats and n == 32:
+            return self._x86("llvm.x86.avx512.pmaddw.d.512", V(I32, 16), [w16, x16])
+        if "avx2" in feats and n % 16 == 0:  # 256-bit pieces
+            return self._join([self._x86("llvm.x86.avx2.pmadd.wd", V(I32, 8), [wp, xp])
+                               for wp, xp in zip(self._chunks(w16, 16), self._chunks(x16, 16))])
         # portable form; LLVM lowers it to the target's widening multiply-add where one exists
-        m = b.mul(b.sext(w16, V(I32, 32)), b.sext(x16, V(I32, 32)))
-        und = ir.Constant(V(I32, 32), ir.Undefined)
-        ev = b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(0, 32, 2))))
-        od = b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(1, 32, 2))))
+        m = b.mul(b.sext(w16, V(I32, n)), b.sext(x16, V(I32, n)))
+        und = ir.Constant(V(I32, n), ir.Undefined)
+        ev = b.shuffle_vector(m, und, ir.Constant(V(I32, n // 2), list(range(0, n, 2))))
+        od = b.shuffle_vector(m, und, ir.Constant(V(I32, n // 2), list(range(1, n, 2))))
         return b.add(ev, od)
+
+    def maddubs(self, wu8, xs8):
+        """<2W x i8> unsigned weight codes x <2W x i8> signed activations -> <W x i16>, lane r = the sum of the
+        two products of row r (vpmaddubsw). Callers keep the codes small enough that no sum saturates."""
+        b = self.b
+        feats = host_features()
+        n = wu8.type.count
+        if "avx2" in feats and n == 32:
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [wu8, xs8])
+        if "avx512bw" in feats and n == 64:
+            return self._x86("llvm.x86.avx512.pmaddubs.w.512", V(I16, 32), [wu8, xs8])
+        m = b.mul(b.zext(wu8, V(I16, n)), b.sext(xs8, V(I16, n)))
+        und = ir.Constant(V(I16, n), ir.Undefined)
+        ev = b.shuffle_vector(m, und, ir.Constant(V(I32, n // 2), list(range(0, n, 2))))
+        od = b.shuffle_vector(m, und, ir.Constant(V(I32, n // 2), list(range(1, n, 2))))
+        return b.add(ev, od)
+
+    def row_masks(self, s16=None):
+        """The two multiplier vectors that widen a <W x i16> of per-row sums (lane r = row r) with pmadd:
+        (even rows, odd rows), each <W x i16> with s16's lane (or 1) at the rows kept and 0 elsewhere."""
+        b = self.b
+        w = self.w
+        src = s16 if s16 is not None else ir.Constant(V(I16, w), [1] * w)
+        zero = ir.Constant(V(I16, w), [0] * w)
+        ev = [r if r % 2 == 0 else w for r in range(w)]
+        od = [r if r % 2 == 1 else w for r in range(w)]
+        return (b.shuffle_vector(src, zero, ir.Constant(V(I32, w), ev)),
+                b.shuffle_vector(src, zero, ir.Constant(V(I32, w), od)))
+
+    def rows_join(self, ev, od):
+        """<W/2 x i32> sums of the even rows and of the odd rows -> <W x i32> in row order."""
+        h = self.w // 2
+        idx = [j for r in range(h) for j in (r, h + r)]
+        return self.b.shuffle_vector(ev, od, ir.Constant(V(I32, self.w), idx))
+
+    def u8w_sums(self, mb: int, runs: int, pairs: int, code, scale, chunk: int) -> list:
+        """Exact per-row sums (<W x i32>) of scale * code * x over `runs` runs of `pairs` pair vectors, in the
+        unsigned-weight form: code(t, p) -> <2W x i8> unsigned codes of pair p of run t (elements 2p, 2p+1 of
+        the run); scale(t, p) -> <W x i32> per-row multiplier of that pair (None: 1). `chunk` pairs are summed
+        in int16 by vpmaddubsw + vpaddw (the caller picks it so that no sum exceeds 32767; a chunk never
+        crosses a change of scale), then widened with vpmaddwd by the scale into even / odd row lanes."""
+        b = self.b
+        w = self.w
+        zero = ir.Constant(V(I32, w // 2), [0] * (w // 2))
+
+        def step(t, state):
+            out = list(state)
+            for c0 in range(0, pairs, chunk):
+                sc = scale(t, c0)
+                sev, sod = self.row_masks(None if sc is None else b.trunc(sc, V(I16, w)))
+                acc16 = [None] * mb
+                for p in range(c0, c0 + chunk):
+                    wc = code(t, p)
+                    for i in range(mb):
+                        m = self.maddubs(wc, self.xpair8(i, self.lin(t, 2 * pairs, 2 * p)))
+                        acc16[i] = m if acc16[i] is None else b.add(acc16[i], m)
+                for i in range(mb):
+                    out[2 * i] = b.add(out[2 * i], self.pmadd(acc16[i], sev))
+                    out[2 * i + 1] = b.add(out[2 * i + 1], self.pmadd(acc16[i], sod))
+            return out
+
+        st = self.loop(runs, step, [zero] * (2 * mb)) if runs > 1 else step(0, [zero] * (2 * mb))
+        return [self.rows_join(st[2 * i], st[2 * i + 1]) for i in range(mb)]
+
+    def chains(self, mb: int) -> int:
+        """Independent integer accumulators per row for mb rows: a VNNI multiply-add waits ~5 cycles for its
+        accumulator, so a single row needs several chains to keep the unit busy (integer sums: any split is
+        exact)."""
+        return max(1, 4 // mb) if self._vnni("vpdpwssd") else 1
+
+    def sum_chains(self, parts: list):
+        out = parts[0]
+        for p in parts[1:]:
+            out = self.b.add(out, p)
+        return out
+
+    def _vnni(self, op: str):
+        """Name of the VNNI intrinsic op ('vpdpwssd' / 'vpdpbusd') for this slice width, or None."""
+        feats = host_features()
+        if self.w == 16 and "avx512vnni" in feats:
+            return f"llvm.x86.avx512.{op}.512"
+        if self.w == 8 and ("avxvnni" in feats or {"avx512vnni", "avx512vl"} <= feats):
+            return f"llvm.x86.avx512.{op}.256"
+        return None
 
     def madd(self, acc, w16, i: int, k):
         """acc + pmadd(w16, activation pair (k, k+1) of row i): one vpdpwssd with a broadcast memory operand
-        where AVX512-VNNI exists."""
-        if "avx512vnni" not in host_features():
+        where VNNI exists."""
+        name = self._vnni("vpdpwssd")
+        if name is None:
             return self.add(acc, self.pmadd(w16, self.xpair(i, k)))
-        b = self.b
-        x = self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32), 16)
-        name = "llvm.x86.avx512.vpdpwssd.512"
-        fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(V(I32, 16), [V(I32, 16)] * 3), name)
-        return b.call(fn, [acc, b.bitcast(w16, V(I32, 16)), x])
+        x = self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 2), I32), self.w)
+        return self._x86(name, V(I32, self.w), [acc, self.b.bitcast(w16, V(I32, self.w)), x])
 
     def quad(self, a, c):
-        """Two pair vectors (<32 x i8>: lane 2r+e = row r, element e of pair a / c) as one quad vector
-        <16 x i32> whose dword r holds row r's 4 bytes (a0, a1, c0, c1)."""
+        """Two pair vectors (<2W x i8>: lane 2r+e = row r, element e of pair a / c) as one quad vector
+        <W x i32> whose dword r holds row r's 4 bytes (a0, a1, c0, c1)."""
         b = self.b
-        a16, c16 = b.bitcast(a, V(I16, R)), b.bitcast(c, V(I16, R))
-        idx = [j for r in range(R) for j in (r, R + r)]
-        return b.bitcast(b.shuffle_vector(a16, c16, ir.Constant(V(I32, 2 * R), idx)), V(I32, R))
+        w = self.w
+        a16, c16 = b.bitcast(a, V(I16, w)), b.bitcast(c, V(I16, w))
+        idx = [j for r in range(w) for j in (r, w + r)]
+        return b.bitcast(b.shuffle_vector(a16, c16, ir.Constant(V(I32, 2 * w), idx)), V(I32, w))
 
     def dpbusd(self, acc, xu8, w8):
-        """acc + per-dword sum of 4 products u8 (xu8) x s8 (w8), as <16 x i32>: vpdpbusd with AVX512-VNNI,
-        else the widening form (same integers)."""
+        """acc + per-dword sum of 4 products u8 (xu8) x s8 (w8), as <W x i32>: vpdpbusd with VNNI, else the
+        widening form (same integers)."""
         b = self.b
-        if "avx512vnni" in host_features():
-            name = "llvm.x86.avx512.vpdpbusd.512"
-            fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(V(I32, 16), [V(I32, 16)] * 3),
-                                                          name)
-            return b.call(fn, [acc, xu8, w8])
-        x32 = b.zext(b.bitcast(xu8, V(I8, 64)), V(I32, 64))
-        w32 = b.sext(b.bitcast(w8, V(I8, 64)), V(I32, 64))
+        name = self._vnni("vpdpbusd")
+        if name is not None:
+            return self._x86(name, V(I32, self.w), [acc, xu8, w8])
+        n = 4 * self.w
+        x32 = b.zext(b.bitcast(xu8, V(I8, n)), V(I32, n))
+        w32 = b.sext(b.bitcast(w8, V(I8, n)), V(I32, n))
         m = b.mul(x32, w32)
-        und = ir.Constant(V(I32, 64), ir.Undefined)
+        und = ir.Constant(V(I32, n), ir.Undefined)
         for j in range(4):
-            acc = b.add(acc, b.shuffle_vector(m, und, ir.Constant(V(I32, 16), list(range(j, 64, 4)))))
+            acc = b.add(acc, b.shuffle_vector(m, und, ir.Constant(V(I32, self.w), list(range(j, n, 4)))))
         return acc
 
     def add(self, a, c):
@@ -258,65 +405,37 @@ class Emit:
     def fneg(self, a):
         return self.b.fneg(a)
 
-    def cvt(self, v):
-        """<16 x i32> -> <16 x double> (exact)."""
-        return self.b.sitofp(v, V(F64, R))
-
     def cvt32(self, v):
-        """<16 x i32> -> <16 x float> (rounded to nearest even, as cvtdq2ps)."""
-        return self.b.sitofp(v, V(F32, R))
+        """<W x i32> -> <W x float> (rounded to nearest even, as cvtdq2ps)."""
+        return self.b.sitofp(v, V(F32, self.w))
 
     def wide(self, v):
-        """<16 x float> -> <16 x double> (exact)."""
-        return self.b.fpext(v, V(F64, R))
+        """<W x float> -> <W x double> (exact)."""
+        return self.b.fpext(v, V(F64, self.w))
 
     def fma(self, a, c, acc):
-        """a*c + acc, always fused (same rounding whatever the surrounding code); float or double vectors."""
+        """a*c + acc, always fused (same rounding whatever the surrounding code)."""
         ty = a.type
-        name = "llvm.fma.v16f64" if ty.element == F64 else "llvm.fma.v16f32"
+        name = f"llvm.fma.v{ty.count}f32"
         mod = self.b.module
         fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ty, [ty] * 3), name)
         return self.b.call(fn, [a, c, acc])
 
-@dataclass(frozen=True)
-class Body:
-    """How one format's kernel block is emitted.
 
-    emit(e, mb): the work of one (row group, K block); lanes: accumulators per activation row. lanes == 0: one
-    <16 x double> accumulator per row (e.acc[i]); lanes > 0: e.acc[i] is a list of `lanes` <16 x float>
-    accumulators that reproduce llama.cpp's SIMD lanes, and reduce(e, accs) -> <16 x float> sums them in
-    llama.cpp's order at the end of the row."""
-
-    emit: Callable[[Emit, int], None]
-    lanes: int = 0
-    reduce: Callable | None = None
+# FMT (QuantType id) -> emit(e, mb): the work of one (row group, K block) for mb activation rows, adding into
+# the <16 x float> accumulators e.acc[i]
+BODIES: dict[int, Callable[[Emit, int], None]] = {}
 
 
-# FMT (QuantType id) -> Body
-BODIES: dict[int, Body] = {}
-
-
-def register(*fmts: int, lanes: int = 0, reduce: Callable | None = None):
-    """Decorator: register an IR body for the given QuantType ids (see Body)."""
+def register(*fmts: int):
+    """Decorator: register an IR body for the given QuantType ids (see BODIES)."""
 
     def deco(fn):
         for f in fmts:
-            BODIES[int(f)] = Body(fn, lanes, reduce)
+            BODIES[int(f)] = fn
         return fn
 
     return deco
-
-
-def hsum8(e: Emit, a: list):
-    """llama.cpp's hsum_float_8 of 8 lanes: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
-    b = e.b
-    s = [b.fadd(a[i], a[i + 4]) for i in range(4)]
-    return b.fadd(b.fadd(s[0], s[2]), b.fadd(s[1], s[3]))
-
-
-def hsum8_plus(e: Emit, a: list):
-    """llama.cpp's `hsum_float_8(acc) + summs`: 8 lanes, then a 9th accumulator (a scalar sum in llama.cpp)."""
-    return e.b.fadd(hsum8(e, a[:8]), a[8])
 
 
 def _tune(context, fn) -> None:
@@ -337,32 +456,34 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
     sc + b*sbytes, activation element b*xelems); writes the mb x 16 outputs to facc as float64."""
     if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
         return None
-    spec = BODIES[fmt.literal_value]
+    emit = BODIES[fmt.literal_value]
     nrows = mb.literal_value
     i64 = types.int64
     sig = types.void(fmt, mb, facc, xq, i64, i64, dx, i64, i64, bs, i64, i64, qs, i64, sc, i64, i64, i64, i64, i64)
-    lanes = spec.lanes
 
     def codegen(context, builder, signature, args):
         _tune(context, builder.function)
-        e = Emit(context, builder, signature, args)
+        s8 = signature.args[3].dtype == types.int8  # the unsigned-weight form works on whole 32-byte vectors
+        w = R if s8 else slice_width()
+        e = Emit(context, builder, signature, args, w)
         nblocks, qb, sb, xe = args[16:20]
+        zero = ir.Constant(V(F32, w), [0.0] * w)
+        step_rows = S8_ROWS if s8 else max_rows()
+        # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers
+        for lane0 in range(0, R, w):
+            for row0 in range(0, nrows, step_rows):
+                n = min(step_rows, nrows - row0)
+                part = e.part(lane0, row0)
 
-        def step(b, accs):
-            view = e.block(b, qb, sb, xe)
-            view.acc = [accs[i * lanes:(i + 1) * lanes] for i in range(nrows)] if lanes else list(accs)
-            spec.emit(view, nrows)
-            return [a for row in view.acc for a in row] if lanes else view.acc
+                def step(b, accs, part=part, n=n):
+                    view = part.block(b, qb, sb, xe)
+                    view.acc = list(accs)
+                    emit(view, n)
+                    return view.acc
 
-        if lanes:
-            zero = ir.Constant(V(F32, R), [0.0] * R)
-            accs = e.loop(nblocks, step, [zero] * (nrows * lanes))
-            outs = [e.wide(spec.reduce(e, accs[i * lanes:(i + 1) * lanes])) for i in range(nrows)]
-        else:
-            zero = ir.Constant(V(F64, R), [0.0] * R)
-            outs = e.loop(nblocks, step, [zero] * nrows)  # accumulators stay in registers across the blocks
-        for i, a in enumerate(outs):
-            e.store(a, e.facc, i * R * 8)
+                outs = e.loop(nblocks, step, [zero] * n)
+                for i, a in enumerate(outs):
+                    e.store(e.wide(a), e.facc, ((row0 + i) * R + lane0) * 8)
         return context.get_dummy_value()
 
     return sig, codegen

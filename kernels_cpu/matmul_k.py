@@ -9,27 +9,29 @@ Repacked layout of one (row group, super-block) — see repack.py. Elements come
   sc: per-sub-block scales for the 16 rows (u8 or i8, sub-block-major), then f16 d [, f16 dmin].
 Activations: int16 quantized per 256 (like Q8_K) with one dx, bs = sums per 16.
 
-Every body reproduces llama.cpp's ggml_vec_dot_<type>_q8_K (AVX2 path) bit for bit. llama.cpp keeps 8 int32
-lanes per super-block: lane l sums, over the 8 runs of 32, the scaled products of elements 4l..4l+3 of the run
-(maddubs + madd with the broadcast sub-block scale); then acc_l = fma(d, float(lane l), acc_l) with
-d = y.d * f16(x.d), and hsum_float_8 at the end. The min terms differ per type (see each body). Integer sums are
-exact, so we may multiply the weights by their scale first (one vpmullw per pair vector, shared by all
-activation rows) and accumulate each lane's pairs with vpdpwssd; lanes l and l+4 use pairs (2l, 2l+1) and
-(2l+8, 2l+9) of each run, which share weight vectors, so they are computed together (2 live integer lanes per
-row). Only the float operation order matters, and it is llama.cpp's.
+Each super-block's integer sum is exact, as ggml computes it, in one of two forms: int16 activations — the
+weights multiplied by their sub-block scale first (one vpmullw per pair vector, shared by all activation rows)
+and accumulated with packed multiply-adds (vpmaddwd / vpdpwssd); or int8 activations (AVX2 hosts) — the
+unsigned codes times the activations with vpmaddubsw, a few pairs summed in int16, widened by the scale with
+vpmaddwd (Emit.u8w_sums). Code offsets (Q3_K's 4, Q6_K's 32) are subtracted as exact corrections from the
+activation sums. Then acc += y.d * f16(x.d) * float(sum) (one fma), and the min terms (sums of
+min_j * activation sums of sub-block j, also exact) with their own fma.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from quant.types import QuantType as Q
 
-from .matmul_ir import I16, I32, Emit, R, V, hsum8, hsum8_plus, register
+from .matmul_ir import I16, I32, Emit, V, register
 
 
 def _scale_pairs(e: Emit, v):
-    """Sub-block scales of the 16 rows (<16 x i32>) as <32 x i16> (lane 2r+e = row r)."""
+    """Sub-block scales of the slice's rows (<W x i32>) as <2W x i16> (lane 2r+e = row r)."""
     b = e.b
-    v = b.trunc(v, V(I16, R))
-    return b.shuffle_vector(v, v, ir_index([r // 2 for r in range(32)]))
+    v = b.trunc(v, V(I16, e.w))
+    return b.shuffle_vector(v, v, ir_index([r // 2 for r in range(2 * e.w)]))
 
 
 def ir_index(idx):
@@ -38,86 +40,90 @@ def ir_index(idx):
     return ir.Constant(V(I32, len(idx)), idx)
 
 
-def _lane_pair_sums(e: Emit, mb: int, q: int, pair_fn) -> list:
-    """Integer lanes (q, q+4) of every row: sums over the 8 runs of scaled pairs (2q, 2q+1) and (2q+8, 2q+9).
-    pair_fn(t, q) -> ((w_2q, w_2q+1), (w_2q+8, w_2q+9)) weight pair vectors of run t, already scaled."""
+# -- per format: unsigned codes and sub-block scales of pair pp (0..15) of run t (0..7) ------------------------
+def _nibble_codes(high_bits: bool):
+    """Q4_K / Q5_K: codes 0..15 (0..31 with the bit plane at 2048); nibble vector v holds pairs v, v+8."""
+    def codes(e: Emit, t, pp):
+        v = pp % 8
+        raw = e.wvec(e.lin(t, 256, 32 * v))
+        c = e.lo4(raw) if pp < 8 else e.hi4(raw)
+        if high_bits:
+            c = e.b.or_(c, e.shl(e.wbits(e.lin(t, 64, 2048 + 4 * pp)), 4))
+        return c
+    return codes
+
+
+def _crumb_codes(bit_plane: bool):
+    """Q2_K: 2-bit codes 0..3; Q3_K: code | bit << 2 in 0..7 (the -4 is a correction); crumb vector u holds
+    pairs u, u+4, u+8, u+12."""
+    def codes(e: Emit, t, pp):
+        c = e.bits2(e.wvec(e.lin(t, 128, 32 * (pp % 4))), 2 * (pp // 4))
+        if bit_plane:
+            c = e.b.or_(c, e.shl(e.wbits(e.lin(t, 64, 1024 + 4 * pp)), 2))
+        return c
+    return codes
+
+
+def _q6_k_codes(e: Emit, t, pp):
+    """Q6_K: 0..63 = low nibble | 2 high bits << 4 (the -32 is a correction)."""
+    raw = e.wvec(e.lin(t, 256, 32 * (pp % 8)))
+    nib = e.lo4(raw) if pp < 8 else e.hi4(raw)
+    hv = e.wvec(e.lin(t, 128, 2048 + 32 * (pp % 4)))
+    return e.b.or_(nib, e.shl(e.bits2(hv, 2 * (pp // 4)), 4))
+
+
+def _run_scale(e: Emit, t, pp):
+    """Q4_K / Q5_K: one unsigned 6-bit scale per run of 32."""
+    return e.u8x16(e.lin(t, 16))
+
+
+def _half_scale(signed: bool, mask: int | None = None):
+    """Q2_K / Q3_K / Q6_K: sub-blocks of 16: pairs 0..7 of run t use scale 2t, pairs 8..15 scale 2t+1."""
+    def scale(e: Emit, t, pp):
+        v = e.u8x16(e.lin(t, 32, 16 * (pp // 8)), signed=signed)
+        return v if mask is None else e.b.and_(v, e.c32(mask))
+    return scale
+
+
+@dataclass(frozen=True)
+class KSpec:
+    """One k-quant: codes / scale (functions above), int16 pairs per vpmaddubsw chunk (sums below 32768),
+    the code offset subtracted as offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (Q3_K, Q6_K),
+    and the number of min sub-blocks (0: none)."""
+
+    codes: Callable
+    scale: Callable
+    chunk: int
+    offset: int = 0
+    mins: int = 0
+
+
+KSPECS = {
+    Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 8, mins=8),        # 2*15*127*8 = 30480
+    Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 4, mins=8),         # 2*31*127*4 = 31496
+    Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 2, offset=32),       # 2*63*127*2 = 32004
+    Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, offset=4),
+    Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, mins=16),
+}
+
+
+def _int16_sums(e: Emit, mb: int, spec: KSpec) -> list:
+    """Per row, the exact sum over the 8 runs of 32 of scale * code * x (<W x i32>): weights widened to int16
+    and multiplied by their scale once (shared by the rows), then packed multiply-adds (vpmaddwd / vpdpwssd)."""
+
+    nc = e.chains(mb)
 
     def step(t, state):
-        (lo0, lo1), (hi0, hi1) = pair_fn(t, q)
-        out = []
-        for i in range(mb):
-            a, c = state[2 * i], state[2 * i + 1]
-            a = e.madd(e.madd(a, lo0, i, e.lin(t, 32, 4 * q)), lo1, i, e.lin(t, 32, 4 * q + 2))
-            c = e.madd(e.madd(c, hi0, i, e.lin(t, 32, 16 + 4 * q)), hi1, i, e.lin(t, 32, 16 + 4 * q + 2))
-            out += [a, c]
+        out = list(state)
+        for pp in range(16):
+            w16 = e.mul(e.s16(spec.codes(e, t, pp)), _scale_pairs(e, spec.scale(e, t, pp)))
+            for i in range(mb):
+                c = i * nc + pp % nc
+                out[c] = e.madd(out[c], w16, i, e.lin(t, 32, 2 * pp))
         return out
 
-    return e.loop(8, step, [e.zeros_i32()] * (2 * mb))
-
-
-def _nibble_pairs(e: Emit, high_bits: bool):
-    """Q4_K / Q5_K: pair_fn of _lane_pair_sums; codes 0..15 (or 0..31 with the bit plane) times the run's
-    sub-block scale (one scale per run of 32)."""
-    def fn(t, q):
-        sc = _scale_pairs(e, e.u8x16(e.lin(t, 16)))
-        lo, hi = [], []
-        for v in (2 * q, 2 * q + 1):
-            raw = e.wvec(e.lin(t, 256, 32 * v))
-            nl, nh = e.lo4(raw), e.hi4(raw)
-            if high_bits:
-                nl = e.b.or_(nl, e.shl(e.wbits(e.lin(t, 64, 2048 + 4 * v)), 4))
-                nh = e.b.or_(nh, e.shl(e.wbits(e.lin(t, 64, 2048 + 4 * (v + 8))), 4))
-            lo.append(e.mul(e.s16(nl), sc))
-            hi.append(e.mul(e.s16(nh), sc))
-        return lo, hi
-    return fn
-
-
-def _crumb_pairs(e: Emit, bit_plane: bool):
-    """Q2_K / Q3_K: pair_fn of _lane_pair_sums; 2-bit codes 0..3 (Q2_K, scale = low nibble of the packed
-    scale/min byte) or, with the bit plane, (code | bit << 2) - 4 in -4..3 (Q3_K, signed scales); sub-blocks
-    of 16: pairs 0..7 of run t use scale 2t, pairs 8..15 scale 2t+1."""
-    def fn(t, q):
-        scs = []
-        for h in (0, 1):
-            v = e.u8x16(e.lin(t, 32, 16 * h), signed=bit_plane)
-            scs.append(_scale_pairs(e, v if bit_plane else e.b.and_(v, e.const(I32, R, 15))))
-        lo, hi = [], []
-        for pp in (2 * q, 2 * q + 1):
-            vec = e.wvec(e.lin(t, 128, 32 * (pp % 4)))
-            for p2, sc, dst in ((pp, scs[0], lo), (pp + 8, scs[1], hi)):
-                code = e.bits2(vec, 2 * (p2 // 4))
-                if bit_plane:
-                    code = e.sub8(e.b.or_(code, e.shl(e.wbits(e.lin(t, 64, 1024 + 4 * p2)), 2)), 4)
-                dst.append(e.mul(e.s16(code), sc))
-        return lo, hi
-    return fn
-
-
-def _q6_k_pairs(e: Emit):
-    def fn(t, q):
-        sc_lo = _scale_pairs(e, e.u8x16(e.lin(t, 32), signed=True))
-        sc_hi = _scale_pairs(e, e.u8x16(e.lin(t, 32, 16), signed=True))
-        lo, hi = [], []
-        for v in (2 * q, 2 * q + 1):
-            raw = e.wvec(e.lin(t, 256, 32 * v))
-            for pp, nib, sc, dst in ((v, e.lo4(raw), sc_lo, lo), (v + 8, e.hi4(raw), sc_hi, hi)):
-                hv = e.wvec(e.lin(t, 128, 2048 + 32 * (pp % 4)))
-                code = e.b.or_(nib, e.shl(e.bits2(hv, 2 * (pp // 4)), 4))  # 0..63 (llama.cpp: no -32 here)
-                dst.append(e.mul(e.s16(code), sc))
-        return lo, hi
-    return fn
-
-
-def _scaled_lanes(e: Emit, mb: int, pair_fn) -> None:
-    """acc_l = fma(y.d * f16(x.d), float(integer lane l), acc_l) for the 8 lanes of every row."""
-    d = e.f16x16(256)
-    ts = [e.fmul(e.dxs(i), d) for i in range(mb)]
-    for q in range(4):
-        lanes = _lane_pair_sums(e, mb, q, pair_fn)
-        for i in range(mb):
-            for ln, s in ((q, lanes[2 * i]), (q + 4, lanes[2 * i + 1])):
-                e.acc[i][ln] = e.fma(ts[i], e.cvt32(s), e.acc[i][ln])
+    st = e.loop(8, step, [e.zeros_i32()] * (mb * nc))
+    return [e.sum_chains(st[i * nc:(i + 1) * nc]) for i in range(mb)]
 
 
 def _neg_dmin(e: Emit, i: int):
@@ -125,76 +131,47 @@ def _neg_dmin(e: Emit, i: int):
     return e.fneg(e.fmul(e.dxs(i), e.f16x16(288)))
 
 
-def _hsum8_plus_min(e: Emit, a: list):
-    """Q4_K: hsum_float_8(acc) + the 4 min lanes summed as llama.cpp's acc_m: (m0+m2) + (m1+m3)."""
-    m = a[8:]
-    return e.b.fadd(hsum8(e, a[:8]), e.b.fadd(e.b.fadd(m[0], m[2]), e.b.fadd(m[1], m[3])))
-
-
-@register(Q.Q4_K, lanes=12, reduce=_hsum8_plus_min)
-def _q4_k(e: Emit, mb: int) -> None:
-    _scaled_lanes(e, mb, _nibble_pairs(e, False))
-    # mins: lane m = min_2m * q8s_2m + min_2m+1 * q8s_2m+1 (q8s_j = activation sum of sub-block j),
-    # acc_m = fma(-y.d * f16(x.dmin), float(lane), acc_m)
-    mins = [e.u8x16(128 + 16 * j) for j in range(8)]
-    for i in range(mb):
-        tm = _neg_dmin(e, i)
-        for m in range(4):
-            terms = []
-            for j in (2 * m, 2 * m + 1):
-                q8s = e.add(e.bsum(i, 2 * j), e.bsum(i, 2 * j + 1))
-                terms.append(e.mul(mins[j], e.splat(q8s, R)))
-            e.acc[i][8 + m] = e.fma(tm, e.cvt32(e.add(terms[0], terms[1])), e.acc[i][8 + m])
-
-
-@register(Q.Q5_K, lanes=9, reduce=hsum8_plus)
-def _q5_k(e: Emit, mb: int) -> None:
-    _scaled_lanes(e, mb, _nibble_pairs(e, True))
-    # mins: llama.cpp's scalar summs = fma(float(sum_j min_j * q8s_j), -y.d * f16(x.dmin), summs)
-    mins = [e.u8x16(128 + 16 * j) for j in range(8)]
+def _min_terms(e: Emit, mb: int, mins: list, runs: int) -> None:
+    """acc -= y.d * f16(x.dmin) * sum_j min_j * q8s_j over the `runs` sub-blocks of 256 / runs elements, with
+    q8s_j the exact activation sum of sub-block j (from the sums per 16 in bs)."""
+    per = 16 // runs  # bsum entries (16 elements each) per sub-block
     for i in range(mb):
         tot = None
-        for j in range(8):
-            term = e.mul(mins[j], e.splat(e.add(e.bsum(i, 2 * j), e.bsum(i, 2 * j + 1)), R))
+        for j in range(runs):
+            q8s = e.bsum(i, per * j)
+            for u in range(1, per):
+                q8s = e.add(q8s, e.bsum(i, per * j + u))
+            term = e.mul(mins[j], e.splat(q8s, e.w))
             tot = term if tot is None else e.add(tot, term)
-        e.acc[i][8] = e.fma(e.cvt32(tot), _neg_dmin(e, i), e.acc[i][8])
+        e.acc[i] = e.fma(_neg_dmin(e, i), e.cvt32(tot), e.acc[i])
 
 
-@register(Q.Q3_K, lanes=8, reduce=hsum8)
-def _q3_k(e: Emit, mb: int) -> None:
-    _scaled_lanes(e, mb, _crumb_pairs(e, True))
+def _offset_corr(e: Emit, i: int, spec: KSpec):
+    """offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (exact), for row i."""
+    tot = None
+    for j in range(16):
+        term = e.mul(spec.scale(e, j // 2, 8 * (j % 2)), e.splat(e.bsum(i, j), e.w))
+        tot = term if tot is None else e.add(tot, term)
+    return e.mul(tot, e.c32(spec.offset))
 
 
-@register(Q.Q2_K, lanes=8, reduce=hsum8)
-def _q2_k(e: Emit, mb: int) -> None:
-    # mins first, into the same lanes: lane l += fma(-y.d * f16(x.dmin), min_2l * bsum_2l + min_2l+1 * bsum_2l+1)
-    mins = [e.b.lshr(e.u8x16(16 * j), e.const(I32, R, 4)) for j in range(16)]
-    for i in range(mb):
-        tm = _neg_dmin(e, i)
-        for ln in range(8):
-            lane = e.add(e.mul(mins[2 * ln], e.splat(e.bsum(i, 2 * ln), R)),
-                         e.mul(mins[2 * ln + 1], e.splat(e.bsum(i, 2 * ln + 1), R)))
-            e.acc[i][ln] = e.fma(tm, e.cvt32(lane), e.acc[i][ln])
-    _scaled_lanes(e, mb, _crumb_pairs(e, False))
-
-
-@register(Q.Q6_K, lanes=8, reduce=hsum8)
-def _q6_k(e: Emit, mb: int) -> None:
-    b = e.b
-    d = e.f16x16(256)
-    pairs = _q6_k_pairs(e)
-    ts = [e.fmul(e.dxs(i), d) for i in range(mb)]
-    scs = [e.u8x16(16 * j, signed=True) for j in range(16)]
-    sums = [[None] * 8 for _ in range(mb)]
-    for q in range(4):
-        lanes = _lane_pair_sums(e, mb, q, pairs)
+def _body(spec: KSpec):
+    def body(e: Emit, mb: int) -> None:
+        if e.x_s8:
+            sums = e.u8w_sums(mb, 8, 16, lambda t, p: spec.codes(e, t, p), lambda t, p: spec.scale(e, t, p),
+                              spec.chunk)
+        else:
+            sums = _int16_sums(e, mb, spec)
+        d = e.f16x16(256)
         for i in range(mb):
-            sums[i][q], sums[i][q + 4] = lanes[2 * i], lanes[2 * i + 1]
-    for i in range(mb):
-        for ln in range(8):  # - 32 * (bsum_2l * sc_2l + bsum_2l+1 * sc_2l+1): llama.cpp's q8sclsub lane l
-            corr = e.add(e.mul(scs[2 * ln], e.splat(e.bsum(i, 2 * ln), R)),
-                         e.mul(scs[2 * ln + 1], e.splat(e.bsum(i, 2 * ln + 1), R)))
-            corr = e.mul(corr, e.const(I32, R, 32))
-            e.acc[i][ln] = e.fma(ts[i], e.cvt32(b.sub(sums[i][ln], corr)), e.acc[i][ln])
+            s = sums[i] if not spec.offset else e.b.sub(sums[i], _offset_corr(e, i, spec))
+            e.acc[i] = e.fma(e.fmul(e.dxs(i), d), e.cvt32(s), e.acc[i])
+        if spec.mins == 8:  # Q4_K / Q5_K: 6-bit mins after the 8 scales
+            _min_terms(e, mb, [e.u8x16(128 + 16 * j) for j in range(8)], 8)
+        elif spec.mins == 16:  # Q2_K: the min is the high nibble of each scale byte
+            _min_terms(e, mb, [e.b.lshr(e.u8x16(16 * j), e.c32(4)) for j in range(16)], 16)
+    return body
 
 
+for _qt, _spec in KSPECS.items():
+    register(_qt)(_body(_spec))

@@ -72,8 +72,11 @@ def test_perplexity_matches_llamacpp(gemma_llm):
     rel = abs(res.ppl - PPL["ppl"]) / PPL["ppl"]
     mad = float(np.mean(np.abs(np.asarray(res.nll) - np.asarray(PPL["nll"]))))
     print(f"ppl {res.ppl:.4f} vs llama.cpp {PPL['ppl']:.4f} (rel {rel:.2e}); mean |dNLL| {mad:.4f}")
-    assert rel <= 0.01
-    assert mad <= 0.05  # measured ~1e-8: the same arithmetic as llama.cpp
+    # The contract (issue 14): perplexity within 0.3% of llama.cpp's, mean |dNLL| <= 0.09 nats. llama.cpp's own
+    # builds are that far apart (tiled vs untiled matmul on one host: 0.081 nats): 8-bit activation codes that sit
+    # on a rounding boundary flip with the last bit of any upstream sum. Measured: rel 4.8e-4, 0.085 nats.
+    assert rel <= 0.003
+    assert mad <= 0.09
     assert math.isclose(res.ppl, math.exp(np.mean(res.nll)), rel_tol=1e-9)
 
 

@@ -120,15 +120,56 @@ DOT_GOLDEN = np.load(Path(__file__).parent / "golden" / "dot_golden.npz")
 
 
 @pytest.mark.parametrize("qt", tuple(F16_FIELDS), ids=lambda q: q.name)
-def test_matmul_equals_llama_cpp_dot(qt):
-    """llama.cpp's own quantize_row_q8_* + ggml_vec_dot_* outputs (tests/golden/make_dot_golden.py): bit for bit
-    for every quantized type (each kernel sums in llama.cpp's lane order). Also for M = 1 (decode) and threaded."""
+def test_matmul_close_to_llama_cpp_dot(qt):
+    """llama.cpp's own quantize_row_q8_* + ggml_vec_dot_* outputs (tests/golden/make_dot_golden.py): equal within
+    float32 summation-order tolerance (llama.cpp sums 8 SIMD lanes, we sum one accumulator per row), and the
+    same outputs for M = 1 (decode) as in the batch."""
     w, x, y = (DOT_GOLDEN[f"{qt.name}_{a}"] for a in "wxy")
-    pw = prepare_weight(w, qt, (w.shape[0], x.shape[1]))
+    n, k = w.shape[0], x.shape[1]
+    pw = prepare_weight(w, qt, (n, k))
     got = matmul(x, pw)
     one = np.concatenate([matmul(x[i:i + 1], pw) for i in range(len(x))])
     np.testing.assert_array_equal(one, got)
-    np.testing.assert_array_equal(got, y)
+    x_hat, _ = act_twin(x, LAYOUTS[qt].act_block)
+    mag = np.abs(x_hat) @ np.abs(dequantize(w, qt).reshape(n, k).astype(np.float64)).T
+    err = np.abs(got.astype(np.float64) - y)
+    assert (err <= 1e-5 * mag + 1e-30).all(), f"{qt.name}: max err / magnitude {np.max(err / (mag + 1e-30)):.2e}"
+
+
+def exact_case(qt: Q, n: int, k: int, rng):
+    """Weights and activations whose float arithmetic is exact: f16 scales (and mins) of +-1, activations that
+    are integers with |max| 127 in every block, so the activation codes are the values and every scale is 1;
+    the output is then the exact integer dot product (< 2^24), whatever the summation order."""
+    fmt = FORMATS[qt]
+    nb = k // fmt.block_size
+    raw = rng.integers(0, 256, (n, nb, fmt.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[qt]:
+        raw[:, :, off:off + 2] = np.float16(1.0).reshape(1).view(np.uint8)
+    if qt in (Q.Q4_K, Q.Q5_K):  # 6-bit scales / mins: keep them small so that sums stay below 2^24
+        raw[:, :, 4:16] &= np.uint8(0x33)
+    raw = raw.reshape(n, -1)
+    qb = LAYOUTS[qt].act_block
+    x = rng.integers(-127, 128, (3, k)).astype(np.float32)
+    blocks = x.reshape(3, k // qb, qb)
+    blocks[:, :, 0] = -127.0  # |max| 127 per block: codes = values (q8_K: vmax = -127 -> iscale = 1)
+    return raw, x
+
+
+@pytest.mark.parametrize("qt", tuple(F16_FIELDS), ids=lambda q: q.name)
+def test_integer_block_dot_products_exact(qt):
+    """With unit scales the kernels must return the exact integer dot product: fails if any element, sub-block
+    scale, min or code offset is dropped or misapplied (a float tolerance could hide that)."""
+    rng = np.random.default_rng(500 + int(qt))
+    k = 512 if FORMATS[qt].block_size == 256 else 96
+    raw, x = exact_case(qt, 37, k, rng)
+    w = dequantize(raw, qt).reshape(37, k).astype(np.float64)
+    want = x.astype(np.float64) @ w.T
+    assert np.abs(want).max() < 2 ** 24 and np.all(want == np.rint(want))
+    if qt in (Q.Q4_1, Q.Q5_1):  # the min term uses Q8_1's f16 block sum s = f16(d * sum(codes)): exact below 2048
+        sums = x.reshape(3, k // 32, 32).sum(-1)
+        assert np.abs(sums).max() < 2048
+    got = matmul(x, prepare_weight(raw, qt, (37, k)))
+    np.testing.assert_array_equal(got.astype(np.float64), want)
 
 
 @pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda q: q.name)
@@ -257,26 +298,37 @@ def test_portable_ir_paths(monkeypatch, feats):
     np.testing.assert_array_equal(y, ref)
 
 
-@pytest.mark.parametrize("qt", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+# The activation forms besides int16, each with the formats it serves: uint8 codes + 128 (the VNNI form,
+# vpdpbusd) for the 32-block formats; int8 codes (the unsigned-weight form, vpmaddubsw) for all but Q8_0.
+FORM_CASES = [("ACT_U8", np.uint8, q) for q in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)] + \
+             [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0]
+
+
+@pytest.mark.parametrize("flag,dtype,qt", FORM_CASES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("feats", [None, set()], ids=["host", "generic"])
-def test_u8_activation_path_equals_int16_path(monkeypatch, qt, feats):
-    """The u8 x s8 form of the 32-block formats (uint8 activations + 128, vpdpbusd or its widening form) gives
-    exactly the int16 form's outputs (both are exact integer sums), for every M tile size."""
+def test_activation_forms_equal_int16_path(monkeypatch, flag, dtype, qt, feats):
+    """Each activation form gives exactly the int16 form's outputs (all are exact integer sums), on the host's
+    instructions and in the portable form, with extreme codes, scales and activations, for every M tile size."""
     import sys
 
     mm = sys.modules["kernels_cpu.matmul"]  # the module (the package exports the function under that name)
-    rng = np.random.default_rng(int(qt))
-    raw = random_weight(qt, 40, 192, rng)
-    pw = prepare_weight(raw, qt, (40, 192))
-    x = (rng.standard_normal((11, 192)) * 3).astype(np.float32)  # 11 rows: tiles of 8, 2 and 1
+    rng = np.random.default_rng(40 + int(qt))
+    k = 512 if FORMATS[qt].block_size == 256 else 192
+    raw = random_weight(qt, 40, k, rng)
+    raw[0] = 255  # row 0: every code and sub-block scale at its maximum (no int16 sum may saturate)
+    for off in F16_FIELDS[qt]:
+        raw.reshape(40, k // FORMATS[qt].block_size, -1)[0, :, off:off + 2] = np.float16(0.01).reshape(1).view(np.uint8)
+    pw = prepare_weight(raw, qt, (40, k))
+    x = (rng.standard_normal((11, k)) * 3).astype(np.float32)  # 11 rows: tiles of 8, 2 and 1
     x[3, :32] = 0  # an all-zero block
-    x[4, 40] = -60.0  # extremes: codes -127 / 127 reach the u8 ends 1 / 255
-    x[5, 70] = 60.0
+    x[4] = np.where(np.arange(k) % 2, -60.0, 60.0)  # codes +-127 everywhere (the u8 ends 1 / 255)
+    x[5] = -60.0
+    monkeypatch.setattr(mm, "ACT_S8", False)
     monkeypatch.setattr(mm, "ACT_U8", False)
     ref = matmul(x, pw)
-    monkeypatch.setattr(mm, "ACT_U8", True)
+    monkeypatch.setattr(mm, flag, True)
     xq, dx, bs = _prepare_x(x, pw)
-    assert xq.dtype == np.uint8
+    assert xq.dtype == dtype
     if feats is not None:
         monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
     run = make_driver(int(qt), cache=False)

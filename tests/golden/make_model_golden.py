@@ -1,6 +1,6 @@
 """Produce the model golden files in tests/golden/ with llama.cpp (llama-cpp-python), the reference implementation.
 
-    python tests/golden/make_model_golden.py [--model GGUF] [--only greedy,perplexity,tiny]
+    python tests/golden/make_model_golden.py [--model GGUF] [--only greedy,perplexity,tiny] [--out DIR]
 
 Outputs (all next to this script):
   greedy_gemma3.json      per prompt of prompts.json: llama.cpp's prompt token ids, 48 greedy tokens (argmax of
@@ -44,6 +44,7 @@ import numpy as np
 os.environ["GGML_CPU_TILED_MM"] = "0"
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where the outputs go (--out)
 sys.path.insert(0, str(HERE.parent))  # tests/ for tiny_models
 
 from tiny_models import spec_to_dict, tiny_spec, write_spec
@@ -280,7 +281,7 @@ def dump(path: Path, obj: dict) -> None:
     text = _NUM_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
     assert json.loads(text) == json.loads(json.dumps(obj))
     path.write_text(text + "\n")
-    print(f"wrote {path.relative_to(HERE.parent.parent)} ({path.stat().st_size // 1024} KB)")
+    print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -332,7 +333,7 @@ def make_greedy(model: Path) -> None:
         "llama_cpp": dict(settings=r.settings(), **llama_cpp_info()),
         "prompts": out}
     r.close()
-    dump(HERE / "greedy_gemma3.json", doc)
+    dump(OUT / "greedy_gemma3.json", doc)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -397,7 +398,7 @@ def make_perplexity(model: Path) -> None:
         llama_cpp=llama_cpp_info(),
         **main,
         long_window=runs["long_window"])
-    dump(HERE / "perplexity_gemma3.json", doc)
+    dump(OUT / "perplexity_gemma3.json", doc)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -458,7 +459,7 @@ def make_tiny(stems: set[str] | None = None) -> None:
                 }
                 for i, (x, y) in enumerate(probes.values()):
                     arrays[f"probe{i}_x"], arrays[f"probe{i}_y"] = x.astype(np.float32), y.astype(np.float32)
-            np.savez_compressed(HERE / f"{stem}.npz", **arrays)
+            np.savez_compressed(OUT / f"{stem}.npz", **arrays)
             doc = {
                 "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights).",
                 "procedure": ("write_tiny_model(path, **writer) from tests/tiny_models.py (must reproduce the sha256 "
@@ -473,7 +474,7 @@ def make_tiny(stems: set[str] | None = None) -> None:
                 "tokenizer_text": TINY_TEXT, "tokenizer_text_ids": text_ids,
                 **extra,
                 "llama_cpp": dict(settings=r.settings(), **llama_cpp_info())}
-            dump(HERE / f"{stem}.json", doc)
+            dump(OUT / f"{stem}.json", doc)
 
 
 def main() -> None:
@@ -481,7 +482,11 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--only", default="greedy,perplexity,tiny")
     ap.add_argument("--tiny-cases", default="", help="comma-separated file stems of TINY_CONFIGS (default: all)")
+    ap.add_argument("--out", default=str(HERE), help="output folder (default: next to this script)")
     args = ap.parse_args()
+    global OUT
+    OUT = Path(args.out)
+    OUT.mkdir(parents=True, exist_ok=True)
     todo = set(args.only.split(","))
     model = Path(args.model)
     if "tiny" in todo:

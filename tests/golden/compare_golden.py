@@ -1,0 +1,42 @@
+"""Compare golden files made by another llama.cpp build (make_model_golden.py --out DIR) with the committed ones:
+how far llama.cpp's own builds are apart sets the tolerances of the model-level golden tests.
+
+    python tests/golden/compare_golden.py DIR
+
+Prints the perplexity ratio, the mean |dNLL| per scored token, and per greedy prompt the first step where the
+continuations differ with the committed file's top-2 logit gap there.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(other: str) -> None:
+    a = json.loads((HERE / "perplexity_gemma3.json").read_text())
+    b = json.loads((Path(other) / "perplexity_gemma3.json").read_text())
+    mad = float(np.mean(np.abs(np.asarray(a["nll"]) - np.asarray(b["nll"]))))
+    print(f"perplexity: committed {a['ppl']:.4f}, other {b['ppl']:.4f} (rel {abs(b['ppl'] - a['ppl']) / a['ppl']:.2e}); "
+          f"mean |dNLL| {mad:.4f}")
+    ga = json.loads((HERE / "greedy_gemma3.json").read_text())
+    gb = {c["id"]: c for c in json.loads((Path(other) / "greedy_gemma3.json").read_text())["prompts"]}
+    same = 0
+    for c in ga["prompts"]:
+        x, y = c["generated_ids"], gb[c["id"]]["generated_ids"]
+        d = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        if d is None:
+            same += 1
+            print(f"  {c['id']:14s} equal ({len(x)} tokens)")
+        else:
+            print(f"  {c['id']:14s} differs at step {d}: committed gap {c['steps'][d]['gap']:.4f}, "
+                  f"other gap {gb[c['id']]['steps'][d]['gap']:.4f}")
+    print(f"greedy: {same} of {len(ga['prompts'])} continuations equal")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
