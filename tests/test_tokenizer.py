@@ -38,13 +38,9 @@ def _gemma_path() -> str | None:
 
 
 def _fast_metadata(path: str) -> dict:
-    try:
-        from edgellm.loader import read_metadata
-    except ImportError:
-        from edgellm.gguf_file import read_gguf
+    from edgellm.gguf_file import read_gguf
 
-        return read_gguf(path).metadata
-    return read_metadata(path)
+    return read_gguf(path).metadata
 
 
 def _small_metadata(path: Path) -> dict:
