@@ -317,9 +317,10 @@ def _in_range(key: Key, name: str, v, ctx: _Context, out: dict) -> bool:
     vals = arr if arr is not None else np.asarray([v])
     bad = np.zeros(vals.shape, bool)
     if lo is not None:
-        bad |= (vals <= lo) if key.lo_open else (vals < lo)
-    if hi is not None:
-        bad |= vals > np.asarray(hi)
+        bad = bad | ((vals <= lo) if key.lo_open else (vals < lo))
+    if hi is not None:  # a bound may be per layer where the value is one number: compare each pair
+        bad = bad | (vals > np.asarray(hi))
+        vals = np.broadcast_to(vals, bad.shape)
     if bad.any():
         x = vals[int(np.argmax(bad))].item()
         if key.on_range == "drop":

@@ -223,6 +223,21 @@ def test_bad_metadata_value_named_error(tiny_model, tmp_path, key, vtype, value,
     assert key in text and message in text and "\n" not in text, text
 
 
+def test_per_layer_head_counts(tiny_model, tmp_path):
+    """Head counts may be one per layer (all equal is what the models run); the KV bound applies layer by layer."""
+    import gguf_fuzzer as F
+
+    base = _fuzz_base(tiny_model)
+    path = tmp_path / "per_layer.gguf"
+    for value, outcome in (([4, 4], None), ([4, 8], UnsupportedModelError), ([4, 1], GGUFError), ([4], GGUFError)):
+        path.write_bytes(base.with_value("llama.attention.head_count", F.T.ARRAY, value, F.T.INT64))
+        if outcome is None:
+            assert load_gguf(str(path)).config.n_heads == 4
+        else:
+            with pytest.raises(outcome, match="head_count"):
+                load_gguf(str(path))
+
+
 def test_huge_counts_refused_before_allocation(tiny_model, tmp_path):
     import tracemalloc
 
