@@ -27,7 +27,6 @@ from edgellm.errors import GGUFError, UnsupportedModelError
 
 log = logging.getLogger("edgellm.metadata")
 
-_INTS = frozenset({T.UINT8, T.INT8, T.UINT16, T.INT16, T.UINT32, T.INT32, T.UINT64, T.INT64})
 _FLOATS = frozenset({T.FLOAT32, T.FLOAT64})
 U32_MAX = 2**32 - 1
 
@@ -137,7 +136,7 @@ class _Context:
     """Quantities and checked values the bounds and lengths of later keys refer to."""
 
     def __init__(self, meta: Mapping, tensors: Mapping | None, path: str):
-        self.meta, self.path, self.arch = meta, path, ""
+        self.meta, self.path, self.arch = meta, path, ""  # meta: the values checked so far (bounds read them)
         self.q: dict[str, Any] = {"max_layers": 1 << 16}
         if tensors is not None:
             self.q["max_layers"] = min(1 << 16, max(len(tensors), 1))
@@ -155,9 +154,15 @@ class _Context:
             return self.q[bound]
         return self.meta.get(self.key(bound))
 
+    @property
+    def prefix(self) -> str:
+        return f"{self.path}: " if self.path else ""
+
     def fail(self, key: str, problem: str) -> GGUFError:
-        prefix = f"{self.path}: " if self.path else ""
-        return GGUFError(f"{prefix}metadata key {key!r} {problem}")
+        return GGUFError(f"{self.prefix}metadata key {key!r} {problem}")
+
+    def missing(self, key: str) -> UnsupportedModelError:
+        return UnsupportedModelError(f"{self.prefix}missing metadata key {key!r}")
 
 
 def check_metadata(meta: Mapping, tensors: Mapping | None = None, *, path: str = "",
@@ -169,18 +174,17 @@ def check_metadata(meta: Mapping, tensors: Mapping | None = None, *, path: str =
     of token_embd.weight, a model has fewer layers than tensors). ``archs``: supported ``general.architecture``
     values (else UnsupportedModelError). Returns the metadata, out-of-range special-token ids dropped.
     """
-    ctx = _Context(meta, tensors, path)
     out = dict(meta)
-    arch = meta.get("general.architecture")
-    if "model" in scopes:
-        _check_key(KEYS[0], ctx, out, need)
-        arch = out["general.architecture"]
-        if archs is not None and arch not in archs:
-            raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(archs)})")
-    ctx.arch = arch if isinstance(arch, str) else ""
-    for key in KEYS[1:] if "model" in scopes else KEYS:
-        if key.scope in scopes and ("{arch}" not in key.name or "model" in scopes):
-            _check_key(key, ctx, out, need)
+    ctx = _Context(out, tensors, path)
+    for key in KEYS:  # general.architecture first: it names the {arch} keys
+        if key.scope not in scopes or ("{arch}" in key.name and "model" not in scopes):
+            continue
+        _check_key(key, ctx, out, need)
+        if key.name == "general.architecture" and "model" in scopes:
+            ctx.arch = out["general.architecture"]
+            if archs is not None and ctx.arch not in archs:
+                raise UnsupportedModelError(f"{ctx.prefix}unsupported architecture {ctx.arch!r} "
+                                            f"(supported: {', '.join(archs)})")
     for inv in INVARIANTS:
         if inv.scope in scopes:
             inv.check(ctx, out)
@@ -192,7 +196,7 @@ def check_tokenizer_metadata(meta: Mapping, *, path: str = "") -> CheckedMetadat
     if isinstance(meta, CheckedMetadata) and "tokenizer" in meta.scopes:
         for key in KEYS:
             if "tokenizer" in key.required and key.name not in meta:
-                raise UnsupportedModelError(f"{path + ': ' if path else ''}missing metadata key {key.name!r}")
+                raise _Context(meta, None, path).missing(key.name)
         return meta
     return check_metadata(meta, path=path, scopes=("general", "tokenizer"), need=("tokenizer",))
 
@@ -208,7 +212,7 @@ def _check_key(key: Key, ctx: _Context, out: dict, need: Collection[str]) -> Non
     name = ctx.key(key.name)
     if name not in out:
         if any(s in need for s in key.required):
-            raise UnsupportedModelError(f"{ctx.path + ': ' if ctx.path else ''}missing metadata key {name!r}")
+            raise ctx.missing(name)
         return
     v = out[name]
     if key.vtype == T.ARRAY or (key.per_layer and not _is_scalar(v)):
@@ -308,9 +312,7 @@ def _numeric(v) -> np.ndarray | None:
 
 def _in_range(key: Key, name: str, v, ctx: _Context, out: dict) -> bool:
     """Bounds and rules of a number (every element of a numeric array); False if the key was dropped."""
-    if key.vtype in (T.STRING, T.BOOL) or (key.vtype == T.ARRAY and key.elem not in _INTS | _FLOATS):
-        return True
-    if key.vtype == T.ARRAY:  # array bounds are on its length (checked above), not its elements
+    if key.vtype in (T.STRING, T.BOOL, T.ARRAY):  # an ARRAY's bounds are on its length (checked with its type)
         return True
     arr = np.asarray(v) if not _is_scalar(v) else None
     lo, hi = ctx.resolve(key.lo), ctx.resolve(key.hi)
@@ -369,7 +371,7 @@ def _heads(ctx: _Context, m: dict) -> None:
         raise ctx.fail(at_fault, f"gives a head size of {head_dim} (rotary embeddings need an even size >= 2)")
     rot = g("rope.dimension_count")
     if rot is not None and rot != head_dim:
-        raise UnsupportedModelError(f"{ctx.path}: {ctx.key('{arch}.rope.dimension_count')} = {rot} != head size "
+        raise UnsupportedModelError(f"{ctx.prefix}{ctx.key('{arch}.rope.dimension_count')} = {rot} != head size "
                                     f"{head_dim}: partial rotary embeddings are not supported")
 
 
