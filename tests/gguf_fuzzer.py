@@ -107,11 +107,10 @@ class BaseFile:
         """File bytes with `key` removed."""
         return self.build([e for e in self.kv if e.name != key])
 
-    def regions(self) -> tuple[int, int, int]:
-        """(end of metadata, end of tensor table, data start) in `image`."""
+    def regions(self) -> tuple[int, int]:
+        """(end of metadata, end of tensor table) in `image`."""
         kv_end = 24 + sum(len(e.raw) for e in self.kv)
-        table_end = kv_end + sum(len(e.raw) for e in self.tensors)
-        return kv_end, table_end, len(self.image) - len(self.data) if self.tensors else len(self.image)
+        return kv_end, kv_end + sum(len(e.raw) for e in self.tensors)
 
 
 def encode_value(vtype: int, value, etype: int | None = None) -> bytes:
@@ -127,9 +126,9 @@ def encode_value(vtype: int, value, etype: int | None = None) -> bytes:
     return np.asarray(value).astype(VALUE_DTYPES[vtype]).tobytes()
 
 
-def make_entry(key: str, vtype: int, value, etype: int | None = None, *, name: str | None = None) -> Entry:
-    """A metadata entry for `key` (written under `name`, default `key`) holding `value` as `vtype`."""
-    kb = (name or key).encode()
+def make_entry(key: str, vtype: int, value, etype: int | None = None) -> Entry:
+    """A metadata entry for `key` holding `value` as `vtype` (arrays: of `etype`)."""
+    kb = key.encode()
     raw = struct.pack("<Q", len(kb)) + kb + struct.pack("<I", vtype) + encode_value(vtype, value, etype)
     type_at = 8 + len(kb)
     return Entry(key, raw, type_at, type_at + 8 if vtype == T.ARRAY else None, vtype, etype, value)
@@ -148,12 +147,12 @@ def _flip(rng: random.Random, buf: bytes, lo: int, hi: int) -> tuple[bytes, str]
 
 
 def flip_metadata(rng, base):
-    kv_end, _, _ = base.regions()
+    kv_end, _ = base.regions()
     return _flip(rng, base.image, 24, kv_end)
 
 
 def flip_tensor_table(rng, base):
-    kv_end, table_end, _ = base.regions()
+    kv_end, table_end = base.regions()
     return _flip(rng, base.image, kv_end, table_end) if table_end > kv_end else flip_metadata(rng, base)
 
 
@@ -162,7 +161,7 @@ def flip_header(rng, base):
 
 
 def set_byte(rng, base):
-    _, table_end, _ = base.regions()
+    _, table_end = base.regions()
     b = bytearray(base.image)
     pos = rng.randrange(4, table_end)
     b[pos] = rng.choice((0, 0xFF, 0x7F, 0x80, rng.randrange(256)))
@@ -341,7 +340,7 @@ def tensor_entry(rng, base):
 
 
 def truncate(rng, base):
-    _, table_end, _ = base.regions()
+    _, table_end = base.regions()
     n = rng.choice((rng.randrange(0, table_end + 1), rng.randrange(0, len(base.image))))
     return base.image[:n], f"truncate {n}/{len(base.image)}"
 

@@ -261,6 +261,18 @@ def test_huge_counts_refused_before_allocation(tiny_model, tmp_path):
         assert peak < 64 << 20, f"{name}: {peak >> 20} MB allocated before refusing the file"
 
 
+def test_deeply_nested_arrays_refused(tiny_model, tmp_path):
+    import gguf_fuzzer as F
+
+    base = _fuzz_base(tiny_model)
+    nested = struct.pack("<IQ", F.T.ARRAY, 1) * 5000 + struct.pack("<IQ", F.T.UINT8, 0)  # would recurse 5000 deep
+    raw = struct.pack("<Q", 4) + b"deep" + struct.pack("<I", F.T.ARRAY) + nested
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(base.build(base.kv + [F.Entry("deep", raw, 12)]))
+    with pytest.raises(GGUFError, match="nested deeper"):
+        load_gguf(str(path))
+
+
 def _tensor_entry(base, name):
     i = next(i for i, t in enumerate(base.tensors) if t.name == name)
     return i, base.tensors[i]
