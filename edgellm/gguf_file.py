@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -17,9 +18,14 @@ import numpy as np
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
 
 from edgellm.errors import GGUFError, UnsupportedQuantTypeError
+from edgellm.metadata_schema import alignment
 from quant.types import FORMATS, WEIGHT_TYPES, QuantType
 
 SUPPORTED_VERSIONS = (2, 3)
+MAX_NESTING = 4  # arrays of arrays: deeper is a corrupt file (each level would recurse)
+# the fewest bytes one entry can take: a metadata entry (key length, value type, 1-byte value), a tensor entry
+# (name length, n_dims, one dim, type, offset), a string (its length), a nested array (element type, count)
+_MIN_KV, _MIN_TENSOR, _MIN_STRING, _MIN_ARRAY = 13, 32, 8, 12
 
 # scalar value types: struct format, byte size
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -30,7 +36,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
     GGUFValueType.UINT64: ("<Q", 8), GGUFValueType.INT64: ("<q", 8),
     GGUFValueType.FLOAT64: ("<d", 8),
 }
-_NP_DTYPES: dict[int, str] = {
+VALUE_DTYPES: dict[int, str] = {  # NumPy dtype of each numeric GGUF value type
     GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
     GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
     GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "<u8",
@@ -44,6 +50,8 @@ class StringArray(Sequence):
     A 262k-token vocabulary as Python strings costs ~22 MB of resident memory for the whole run; this
     costs ~4 MB. Iterating materializes strings only transiently.
     """
+
+    item_type = str  # every item is a str (metadata_schema relies on it instead of looking at each)
 
     def __init__(self, blob: bytes, starts: np.ndarray, ends: np.ndarray):
         self.blob, self.starts, self.ends = blob, starts, ends  # starts/ends: (n,) int64 into blob
@@ -108,10 +116,10 @@ class _Cursor:
 
     def take(self, n: int) -> memoryview:
         end = self.pos + n
-        if n < 0 or end > len(self.buf):
-            if len(self.buf) < self.file_size:
+        if end > len(self.buf):
+            if end <= self.file_size:  # inside the file, past what was read so far
                 raise _NeedMore
-            raise GGUFError(f"{self.path}: truncated GGUF header (needs byte {end}, file has {len(self.buf)})")
+            raise GGUFError(f"{self.path}: truncated GGUF header (needs byte {end}, file has {self.file_size})")
         view = self.buf[self.pos:end]
         self.pos = end
         return view
@@ -119,6 +127,11 @@ class _Cursor:
     def _out_of_data(self):
         if len(self.buf) < self.file_size:
             raise _NeedMore
+
+    def room(self, count: int, min_size: int, what: str) -> None:
+        """Refuse a count the rest of the file cannot hold, before anything is allocated for it."""
+        if count * min_size > self.file_size - self.pos:
+            raise GGUFError(f"{self.path}: corrupt GGUF header: {what} of {count} entries cannot fit in the file")
 
     def scalar(self, vtype: int):
         fmt, size = _SCALARS[vtype]
@@ -133,18 +146,22 @@ class _Cursor:
     def string(self) -> str:
         return bytes(self.take(self.u64())).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
             etype, count = self.u32(), self.u64()
             if etype == GGUFValueType.STRING:
+                self.room(count, _MIN_STRING, "string array")
                 return self._strings(count)
-            if etype in _NP_DTYPES:
-                dt = np.dtype(_NP_DTYPES[etype])
+            if etype in VALUE_DTYPES:
+                dt = np.dtype(VALUE_DTYPES[etype])
                 return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
             if etype == GGUFValueType.ARRAY:
-                return [self.value(GGUFValueType.ARRAY) for _ in range(count)]
+                if depth + 1 >= MAX_NESTING:
+                    raise GGUFError(f"{self.path}: corrupt GGUF header: arrays nested deeper than {MAX_NESTING}")
+                self.room(count, _MIN_ARRAY, "nested array")
+                return [self.value(GGUFValueType.ARRAY, depth + 1) for _ in range(count)]
             raise GGUFError(f"{self.path}: unknown GGUF array element type {etype}")
         if vtype in _SCALARS:
             return self.scalar(vtype)
@@ -256,27 +273,32 @@ def _parse(path: str, head: bytes, file_size: int) -> GGUFFile:
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
     n_tensors, n_kv = cur.u64(), cur.u64()
-    if n_tensors > 1_000_000 or n_kv > 1_000_000:
+    if n_tensors > 1_000_000 or n_kv > 1_000_000 or n_tensors * _MIN_TENSOR + n_kv * _MIN_KV > file_size:
         raise GGUFError(f"{path}: implausible header counts (tensors={n_tensors}, kv={n_kv})")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
+        if key in metadata:
+            raise GGUFError(f"{path}: corrupt GGUF header: metadata key {key!r} appears twice")
         metadata[key] = cur.value(cur.u32())
     raw_infos = []
     for _ in range(n_tensors):
         name = cur.string()
         n_dims = cur.u32()
-        if n_dims > 4:
+        if not 1 <= n_dims <= 4:
             raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions")
         ne = [cur.u64() for _ in range(n_dims)]
         raw_infos.append((name, ne, cur.u32(), cur.u64()))
-    align = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
-    if align <= 0 or align & (align - 1):
-        raise GGUFError(f"{path}: bad general.alignment {align}")
+    align = alignment(metadata, path) if "general.alignment" in metadata else GGUF_DEFAULT_ALIGNMENT
     data_start = (cur.pos + align - 1) // align * align
-    tensors = {}
+    tensors: dict[str, TensorInfo] = {}
     for name, ne, type_id, rel_off in raw_infos:
+        if name in tensors:
+            raise GGUFError(f"{path}: corrupt GGUF header: tensor {name!r} appears twice")
+        if rel_off % align:
+            raise GGUFError(f"{path}: tensor {name!r} has offset {rel_off}, not a multiple of the alignment {align}")
         tensors[name] = _tensor_info(path, name, ne, type_id, data_start + rel_off, file_size)
+    _check_disjoint(path, tensors)
     data = np.memmap(path, dtype=np.uint8, mode="r")
     mm = getattr(data, "_mmap", None)
     if mm is not None and hasattr(mmap, "MADV_RANDOM"):
@@ -294,9 +316,16 @@ def _tensor_info(path: str, name: str, ne: list[int], type_id: int, offset: int,
     fmt = FORMATS[qtype]
     if any(d <= 0 for d in ne) or ne[0] % fmt.block_size:
         raise GGUFError(f"{path}: tensor {name!r} has invalid shape {ne} for {qtype.name}")
-    n_elem = int(np.prod(ne, dtype=np.int64))
-    n_bytes = n_elem // fmt.block_size * fmt.type_size
+    n_bytes = math.prod(ne) // fmt.block_size * fmt.type_size  # Python ints: a corrupt dim cannot wrap around
     if offset + n_bytes > file_size:
         raise GGUFError(f"{path}: tensor {name!r} extends past the end of the file "
                         f"(bytes {offset}..{offset + n_bytes}, file size {file_size}); the file is truncated or corrupt")
     return TensorInfo(name, tuple(int(d) for d in reversed(ne)), qtype, offset, n_bytes)
+
+
+def _check_disjoint(path: str, tensors: dict[str, TensorInfo]) -> None:
+    """No two tensors share bytes (a corrupt offset or dim would make one tensor read another's data)."""
+    spans = sorted(tensors.values(), key=lambda t: t.offset)
+    for a, b in zip(spans, spans[1:]):
+        if a.offset + a.n_bytes > b.offset:
+            raise GGUFError(f"{path}: tensors {a.name!r} and {b.name!r} overlap in the file")

@@ -11,6 +11,7 @@ import numpy as np
 from edgellm.architectures import ARCHS
 from edgellm.errors import GGUFError, UnsupportedModelError
 from edgellm.gguf_file import GGUFFile, TensorInfo, read_gguf
+from edgellm.metadata_schema import CheckedMetadata, check_metadata
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,6 @@ class ModelConfig:
     extra: dict = field(default_factory=dict, compare=False)
 
 
-def _req(meta: dict, key: str, path: str):
-    if key not in meta:
-        raise UnsupportedModelError(f"{path}: missing metadata key {key!r}")
-    return meta[key]
-
-
 def _scalar(v: Any) -> Any:
     # per-layer arrays (e.g. head_count_kv in some files): all equal is required here
     if isinstance(v, np.ndarray):
@@ -62,13 +57,14 @@ def _scalar(v: Any) -> Any:
 
 
 def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str = "") -> ModelConfig:
-    """Build the ModelConfig; raise UnsupportedModelError for unknown architectures or missing keys."""
-    arch = meta.get("general.architecture")
-    if arch not in ARCHS:
-        raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    """Build the ModelConfig from metadata checked by `metadata_schema` (checked here if it was not): raise
+    UnsupportedModelError for unknown architectures or missing keys, GGUFError for malformed values."""
+    if not isinstance(meta, CheckedMetadata) or "model" not in meta.scopes:
+        meta = check_metadata(meta, tensors, path=path, archs=ARCHS)
+    arch = meta["general.architecture"]
     spec = ARCHS[arch]
     g = lambda k, d=None: _scalar(meta.get(f"{arch}.{k}", d))  # noqa: E731
-    r = lambda k: _scalar(_req(meta, f"{arch}.{k}", path))  # noqa: E731
+    r = lambda k: _scalar(meta[f"{arch}.{k}"])  # noqa: E731
     d_model, n_heads = int(r("embedding_length")), int(r("attention.head_count"))
     n_kv = int(g("attention.head_count_kv", n_heads))
     head_dim = int(g("attention.key_length", d_model // n_heads))
@@ -130,13 +126,13 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def validate_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], path: str = "") -> None:
-    """Every tensor the forward reads exists with the shape the config implies."""
+    """Every tensor the forward reads exists with the shape the config implies (else the file is corrupt)."""
     for name, shape in expected_shapes(cfg).items():
         t = tensors.get(name)
         if t is None:
             raise UnsupportedModelError(f"{path}: missing tensor {name!r} for {cfg.arch}")
         if tuple(t.shape) != shape:
-            raise UnsupportedModelError(f"{path}: tensor {name!r} has shape {t.shape}, config implies {shape}")
+            raise GGUFError(f"{path}: tensor {name!r} has shape {t.shape}, the metadata implies {shape}")
 
 
 @dataclass
@@ -159,10 +155,14 @@ class LoadedModel:
 
 
 def load_gguf(path: str) -> LoadedModel:
-    """Read, validate and describe a GGUF model file (weights stay memory-mapped, nothing is copied)."""
+    """Read, validate and describe a GGUF model file (weights stay memory-mapped, nothing is copied).
+
+    Every metadata key edgellm reads is checked here, once (`metadata_schema`); `LoadedModel.metadata` holds the
+    checked values the tokenizer and the chat template then use."""
     g = read_gguf(path)
     if "general.architecture" not in g.metadata:
         raise GGUFError(f"{path}: metadata has no general.architecture")
+    g.metadata = check_metadata(g.metadata, g.tensors, path=path, archs=ARCHS)
     cfg = config_from_metadata(g.metadata, g.tensors, path)
     validate_tensors(cfg, g.tensors, path)
     return LoadedModel(cfg, g)

@@ -20,7 +20,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from edgellm.gguf_file import StringArray
+from edgellm.gguf_file import StringArray, read_gguf
+from edgellm.metadata_schema import check_tokenizer_metadata
 from edgellm.pretokenizers import PRE_TOKENIZERS, PreTokenizer
 from edgellm.errors import UnsupportedModelError
 
@@ -213,7 +214,8 @@ class Tokenizer:
     """
 
     def __init__(self, meta: dict):
-        kind = meta.get("tokenizer.ggml.model")
+        meta = check_tokenizer_metadata(meta)  # a no-op for metadata checked at load (LoadedModel.metadata)
+        kind = meta["tokenizer.ggml.model"]
         if kind not in ("llama", "gpt2"):
             raise UnsupportedModelError(f"unsupported tokenizer model {kind!r} (supported: 'llama', 'gpt2')")
         tokens = meta["tokenizer.ggml.tokens"]
@@ -228,13 +230,13 @@ class Tokenizer:
         self.vocab_size: int = len(tokens)
         n = self.vocab_size
         types = meta.get("tokenizer.ggml.token_type")
-        types = np.ones(n, np.int32) if types is None else np.asarray(types, dtype=np.int64)[:n]
+        types = np.ones(n, np.int32) if types is None else np.asarray(types, dtype=np.int64)  # (n,)
         attr = _TYPE_TO_ATTR[np.clip(types, 0, 6)] * (types <= 6)  # (n,) int32 flags
         self.pre = meta.get("tokenizer.ggml.pre") or "default"
 
         def tid(key: str, default: int | None) -> int | None:
-            v = meta.get("tokenizer.ggml." + key)  # out of range: llama.cpp keeps the default
-            if v is not None and 0 <= int(v) < n:
+            v = meta.get("tokenizer.ggml." + key)  # the schema dropped an out-of-range id: llama.cpp's default
+            if v is not None:
                 return int(v)
             return default if default is not None and default < n else None
 
@@ -270,7 +272,7 @@ class Tokenizer:
                 attr[by_text[t]] = ATTR_USER_DEFINED
         eog |= {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
         for i in (meta.get(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pad", "rep", "sep")):
-            if i is not None and 0 <= int(i) < n:
+            if i is not None:
                 eog.add(int(i))
         texts = {tokens[i]: i for i in eog}
         if {"<|return|>", "<|end|>"} <= texts.keys() and ({"<|call|>"} & texts.keys() or
@@ -293,19 +295,14 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "Tokenizer":
-        """Build from GGUF metadata (``tokenizer.ggml.*`` keys); raises UnsupportedModelError on unknown kinds."""
+        """Build from GGUF metadata (``tokenizer.ggml.*`` keys); raises UnsupportedModelError on unknown kinds
+        and GGUFError on malformed values (``metadata_schema``)."""
         return cls(meta)
 
     @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":
         """Build from the metadata of a GGUF file (tensors are not read)."""
-        try:
-            from edgellm.loader import read_metadata
-        except ImportError:
-            from edgellm.gguf_file import read_gguf
-
-            return cls(read_gguf(path).metadata)
-        return cls(read_metadata(path))
+        return cls(check_tokenizer_metadata(read_gguf(path).metadata, path=path))
 
     # --- encoding -----------------------------------------------------------------------------------------------
     def encode(self, text: str, *, add_bos: bool | None = None, add_eos: bool | None = None,
@@ -420,7 +417,7 @@ class _SpmBackend:
         is_byte = (tok._attr & ATTR_BYTE) != 0
         byte_fallback = bool(is_byte.sum() == 256)
         # llama.cpp merges into any vocab entry whatever its type, so everything but bytes/unk is NORMAL here
-        sp_types = np.where(is_byte if byte_fallback else False, 6, 1).astype(np.uint8)
+        sp_types = np.where(is_byte & byte_fallback, 6, 1).astype(np.uint8)  # (n,)
         unk = tok.unk_id if tok.unk_id is not None else 0
         sp_types[unk] = 2
         pieces = tok.tokens

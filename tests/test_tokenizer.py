@@ -38,13 +38,9 @@ def _gemma_path() -> str | None:
 
 
 def _fast_metadata(path: str) -> dict:
-    try:
-        from edgellm.loader import read_metadata
-    except ImportError:
-        from edgellm.gguf_file import read_gguf
+    from edgellm.gguf_file import read_gguf
 
-        return read_gguf(path).metadata
-    return read_metadata(path)
+    return read_gguf(path).metadata
 
 
 def _small_metadata(path: Path) -> dict:
@@ -262,3 +258,45 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+# --- metadata reaches the tokenizer checked (edgellm/metadata_schema.py) ---------------------------------------
+
+def test_vocab_without_all_256_byte_tokens_builds(tiny_model, tmp_path):
+    """One byte token retyped NORMAL: no byte fallback; the SPM type array must stay an array (was IndexError)."""
+    import gguf_fuzzer as F
+
+    base = F.BaseFile.read(tiny_model("llama"))
+    types = list(next(e.value for e in base.kv if e.name == "tokenizer.ggml.token_type"))
+    types[3 + 0x41] = 1  # <0x41> is now an ordinary piece
+    path = tmp_path / "255bytes.gguf"
+    path.write_bytes(base.with_value("tokenizer.ggml.token_type", F.T.ARRAY, types, F.T.INT32))
+    tok = Tokenizer.from_gguf(str(path))
+    assert tok.decode(tok.encode("the cat", add_bos=False)) == "the cat"
+
+
+def test_missing_tokenizer_keys_named_error(tiny_model, tmp_path):
+    import gguf_fuzzer as F
+    from edgellm.loader import load_gguf
+
+    path = tmp_path / "notokens.gguf"
+    path.write_bytes(F.BaseFile.read(tiny_model("llama")).without("tokenizer.ggml.tokens"))
+    lm = load_gguf(str(path))  # the model itself runs on token ids
+    with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.tokens"):
+        Tokenizer.from_metadata(lm.metadata)
+
+
+def test_plain_metadata_dicts_are_checked_too():
+    """Metadata read by gguf.GGUFReader (plain lists) passes through the same schema as ours."""
+    from edgellm.errors import GGUFError
+    from edgellm.metadata_schema import check_tokenizer_metadata
+    from tiny_models import tiny_vocab
+
+    tokens, scores, types = tiny_vocab(300)
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types}
+    assert Tokenizer.from_metadata(meta).vocab_size == 300
+    for key, value in (("tokenizer.ggml.token_type", 5), ("tokenizer.ggml.scores", scores[:-1]),
+                       ("tokenizer.ggml.tokens", tokens + [7])):
+        with pytest.raises(GGUFError, match=key):
+            check_tokenizer_metadata({**meta, key: value})
