@@ -4,7 +4,9 @@
 
 Each repetition runs one fresh process per engine, alternating (edgellm, llama.cpp, edgellm, ...), so machine
 noise hits both alike; prints the medians of pp/tg tokens/s and peak RSS, and the ratios edgellm / llama.cpp.
-Needs the `bench` extra (llama-cpp-python).
+Also the decode bound: the weight bytes one decode step reads (every matrix; the token embedding only when it
+is also the output head) over this host's read bandwidth with that many threads, measured here, and each
+engine's tg as a share of it. Needs the `bench` extra (llama-cpp-python).
 """
 from __future__ import annotations
 
@@ -56,6 +58,49 @@ def run_llamacpp(model, p, n, threads) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+READ_BW_CHILD = r"""
+import sys, time, numpy as np, numba
+threads = int(sys.argv[1])
+numba.set_num_threads(threads)
+
+@numba.njit(parallel=True, nogil=True)
+def scan(a, nt):  # one 8-byte load per 64-byte line: what streaming weights costs the memory system
+    s = np.zeros(nt, np.int64)
+    n = a.size // nt
+    for t in numba.prange(nt):
+        acc = np.int64(0)
+        for i in range(t * n, (t + 1) * n, 8):
+            acc += a[i]
+        s[t] = acc
+    return s.sum()
+
+a = np.ones(1 << 28, np.int64)  # 2 GiB: far beyond any cache
+scan(a, threads)
+ts = []
+for _ in range(3):
+    t0 = time.perf_counter(); scan(a, threads); ts.append(time.perf_counter() - t0)
+print(a.nbytes / min(ts))
+"""
+
+
+def read_bandwidth(threads: int) -> float:
+    """Bytes/s that `threads` threads stream from memory on this host (a fresh process, 2 GiB array)."""
+    out = subprocess.run([sys.executable, "-c", READ_BW_CHILD, str(threads)], capture_output=True, text=True,
+                         check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def decode_bytes(model: str) -> int:
+    """Weight bytes one decode step reads: every 2-D tensor, the token embedding only if it is the output head
+    (untied models only look rows of it up)."""
+    from edgellm.gguf_file import read_gguf
+
+    g = read_gguf(model)
+    tied = "output.weight" not in g.tensors
+    return sum(t.n_bytes for name, t in g.tensors.items()
+               if len(t.shape) == 2 and (name != "token_embd.weight" or tied))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -84,8 +129,14 @@ def main() -> None:
     e, l = med["edgellm"], med["llama.cpp"]
     print(f"{'ratio':10s} {e['pp_tps'] / l['pp_tps']:12.2f} {e['tg_tps'] / l['tg_tps']:12.2f} "
           f"{e['rss_mb'] / l['rss_mb']:13.2f}")
+    wbytes, bw = decode_bytes(a.model), read_bandwidth(a.threads)
+    bound = bw / wbytes
+    print(f"decode bound: {wbytes / 1e6:.0f} MB of weights per token / {bw / 1e9:.1f} GB/s read bandwidth "
+          f"({a.threads} threads) = {bound:.1f} t/s; edgellm at {e['tg_tps'] / bound:.0%}, "
+          f"llama.cpp at {l['tg_tps'] / bound:.0%}")
     print(json.dumps({"ratio_pp": e["pp_tps"] / l["pp_tps"], "ratio_tg": e["tg_tps"] / l["tg_tps"],
-                      "ratio_rss": e["rss_mb"] / l["rss_mb"], "medians": med}))
+                      "ratio_rss": e["rss_mb"] / l["rss_mb"], "decode_bound_tps": bound,
+                      "weight_bytes_per_token": wbytes, "read_bandwidth": bw, "medians": med}))
 
 
 if __name__ == "__main__":
