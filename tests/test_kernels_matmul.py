@@ -282,7 +282,11 @@ def test_f16_round_matches_numpy():
         np.testing.assert_array_equal(got, v.astype(np.float16).astype(np.float32))
 
 
-@pytest.mark.parametrize("feats", [{"avx2"}, set()], ids=["avx2", "generic"])
+X86 = platform.machine() in ("x86_64", "AMD64")
+
+
+@pytest.mark.parametrize("feats", [pytest.param({"avx2"}, marks=pytest.mark.skipif(
+    not X86, reason="x86 intrinsics cannot be compiled for this CPU")), set()], ids=["avx2", "generic"])
 def test_portable_ir_paths(monkeypatch, feats):
     """The AVX2 and target-independent forms of the packed multiply-add give the same results."""
     rng = np.random.default_rng(11)
