@@ -87,7 +87,9 @@ FORCED_ISAS: dict[str, tuple[str, frozenset[str]]] = {
     "avx2-vnni": ("x86-64-v3", _X86_V3 | {"avxvnni"}),     # Intel Alder Lake and later client chips
     "avx512": ("x86-64-v4", _X86_V4),
     "avx512-vnni": ("x86-64-v4", _X86_V4 | {"avx512vnni"}),
-    "portable": ("x86-64", frozenset({"sse2"})),
+    # the target-independent IR forms (what ARM compiles), on SSE4.2 + F16C: without F16C LLVM turns half
+    # conversions into runtime library calls that Numba's JIT does not link
+    "portable": ("x86-64-v2", frozenset({"sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "f16c"})),
 }
 
 
