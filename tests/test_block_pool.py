@@ -118,11 +118,12 @@ def test_lru_eviction_order_and_subtree_removal():
     assert mgr.prefix.match([7, 8]) == [] and mgr.prefix.match([5]) == [2]
 
 
-def test_blocks_taken_outside_the_manager_leave_the_tree():
-    """Direct model use (pool.allocate between steps) hands out a cached block: lookup must not offer it."""
+def test_blocks_taken_for_direct_model_use_leave_the_tree():
+    """Direct model use (LLM.scratch: a holder that is no request, freed uncached) takes cached blocks through the
+    manager: lookup must not offer them afterwards."""
     mgr = KVCacheManager(2, block_size=2)
     mgr.free(computed(mgr, [1, 2, 3, 4]))  # free queue: 1, 0
-    blocks = mgr.pool.allocate(2)  # as LLM.logits does
-    assert blocks == [1, 0]
-    mgr.pool.free(blocks)
+    scratch = FakeReq([])
+    assert mgr.allocate(scratch, 4) == [1, 0]
+    mgr.free(scratch, cache=False)
     assert mgr.lookup(FakeReq([1, 2, 3])) == PrefixHit() and len(mgr.prefix) == 0 and not mgr.pool.cached
