@@ -12,9 +12,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from edgellm.engine.engine import Engine
-from edgellm.engine.loop import EngineLoop, Listener, RequestHandle
+from edgellm.engine.loop import EngineLoop
 from edgellm.engine.request import RequestOutput
 from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
+from edgellm.handle import Listener, RequestHandle
 from edgellm.loader import LoadedModel, load_gguf
 from edgellm.models.common import ForwardBatch
 from edgellm.model_path import resolve_model

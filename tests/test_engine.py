@@ -57,7 +57,7 @@ def assert_no_leaks(engine: Engine):
     assert all(c == 0 for c in pool.ref), "a block is still referenced after every request ended"
     assert pool.n_free == pool.n_blocks
     assert pool.cached == set(engine.prefix.by_block)  # every free block the tree names is marked cached
-    assert not engine.requests
+    assert not engine.has_work()
 
 
 def alone(llm, ids, n):

@@ -195,7 +195,7 @@ def cold(llm, prompt, n, **kw):
 
 def assert_no_leaks(eng):
     assert all(c == 0 for c in eng.pool.ref) and eng.pool.n_free == eng.pool.n_blocks
-    assert eng.pool.cached == set(eng.prefix.by_block) and not eng.requests
+    assert eng.pool.cached == set(eng.prefix.by_block) and not eng.has_work()
 
 
 def block_bytes(eng, b):

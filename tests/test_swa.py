@@ -79,7 +79,7 @@ def test_trimmed_engine_equals_full_kv(tiny_gemma):
     assert st["swa_slots_reused"] > 0  # windows moved on and their old slots were reused
     # shared prefixes still reused where their window K/V was kept, cut back where it was dropped
     assert 0 < st["prefix_hit_tokens"] < full.stats()["prefix_hit_tokens"]
-    assert all(c == 0 for c in trimmed.pool.ref) and not trimmed.requests
+    assert all(c == 0 for c in trimmed.pool.ref) and not trimmed.has_work()
     local = [i for i, t in enumerate(trimmed.kv.trimmed) if t]
     assert local and all(trimmed.kv.k[i].shape[0] == n_slots + 1 < full.kv.k[i].shape[0] for i in local)
     assert trimmed.kv.nbytes < full.kv.nbytes
