@@ -43,6 +43,7 @@ class KVCacheManager:
         self.windows = kv.windows if kv is not None else None
         self._held: dict[object, list[int]] = {}  # holder (a request, a Scratch) -> its blocks: position p in [p // bs]
         self.hit_tokens = 0  # tokens served from the prefix tree (counted once, when allocated)
+        self.evictions = 0  # cached blocks taken for other use (their tree entries dropped)
         self.cow_copies = 0  # partly reused blocks copied into a request's own block
 
     # -- public API ---------------------------------------------------------------------------------
@@ -89,14 +90,10 @@ class KVCacheManager:
         """Give req's blocks back. cache=True: its computed blocks stay in the prefix tree (the last one as a
         partial leaf if partly filled); False (a failed step, a scratch): only blocks already in the tree stay
         cached."""
-        table = self._held.pop(req, None)
-        if not table:
-            return
-        if cache:
-            kept = self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
-        else:
-            kept = {b for b in table if b in self.prefix.by_block}
-        self.pool.free(table, cached=kept)
+        table = self._held.pop(req, [])
+        if table and cache:
+            self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
+        self.pool.free(table)
 
     def prepare(self, batch) -> None:
         """Before a forward: pin the sliding-window blocks every holder's next query attends to and set
@@ -106,11 +103,15 @@ class KVCacheManager:
         self.windows.pin_running((t, r.n_computed) for r, t in self._held.items())
         batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
 
+    def cached_blocks(self) -> set[int]:
+        """Free blocks that still hold a cached prefix (a lookup can revive them)."""
+        return {b for b in self.prefix.by_block if self.pool.ref[b] == 0}
+
     def stats(self) -> dict:
         """Block, prefix-cache and sliding-window counters."""
         p = self.pool
         return {"blocks_total": p.n_blocks, "blocks_used": p.n_used, "blocks_free": p.n_free,
-                "blocks_cached": len(p.cached), "evictions": p.evictions, "prefix_hit_tokens": self.hit_tokens,
+                "blocks_cached": len(self.cached_blocks()), "evictions": self.evictions, "prefix_hit_tokens": self.hit_tokens,
                 "prefix_tree_blocks": len(self.prefix), "prefix_cow_copies": self.cow_copies,
                 **(self.windows.stats() if self.windows is not None else {})}
 
@@ -140,7 +141,7 @@ class KVCacheManager:
         keep = self._keep(hit.blocks, len(hit.blocks) * self.bs + hit.n_rows)
         if self.kv is not None and not self.kv.copy_block(hit.src, dst, hit.n_rows, keep):
             raise RuntimeError(f"copy of block {hit.src} refused after lookup offered it")
-        self.pool.free([hit.src], cached={hit.src})
+        self.pool.free([hit.src])
         self.cow_copies += 1
         return [dst]
 
@@ -148,6 +149,8 @@ class KVCacheManager:
         """n fresh blocks (allocate() checked they are free); cached ones handed out leave the tree (with their
         free subtrees). Every block is taken here, so the tree never names a block in another use."""
         got = self.pool.allocate(n)
-        for b in self.pool.take_evicted():
-            self.pool.uncache(self.prefix.evict(b))
+        evicted = [b for b in got if b in self.prefix.by_block]
+        for b in evicted:
+            self.prefix.evict(b)
+        self.evictions += len(evicted)
         return got

@@ -2,7 +2,7 @@
 reuse of partly filled blocks.
 
 The tree owns no references and no K/V: it maps token paths to block ids. A block in the tree with ref count 0
-sits in the BlockPool's free queue marked *cached*; a later match can revive it until the pool hands it out
+sits in the BlockPool's free queue and is *cached*; a later match can revive it until the pool hands it out
 again, and then the KV cache manager calls `evict(block)`: the node and its subtree leave the tree (descendants
 are free too: whoever holds a child block also holds its parent). Eviction order is the pool's LRU order.
 
