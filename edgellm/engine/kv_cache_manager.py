@@ -69,7 +69,7 @@ class KVCacheManager:
         """Make req's block table cover positions < req.n_computed + hit.tokens + n_tokens, reusing `hit` (from
         lookup, for a request that holds no blocks yet). All or nothing: None, with nothing changed, unless
         blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks.
-        Any holder with an `n_computed` works (LLM.scratch holds blocks so for one-off forwards)."""
+        Any holder with an `n_computed` works (LLM.scratch holds blocks this way for one-off forwards)."""
         table = self._held.get(req, [])
         have = len(table) + len(hit.blocks)
         end = req.n_computed + hit.tokens + n_tokens
@@ -111,8 +111,9 @@ class KVCacheManager:
         """Block, prefix-cache and sliding-window counters."""
         p = self.pool
         return {"blocks_total": p.n_blocks, "blocks_used": p.n_used, "blocks_free": p.n_free,
-                "blocks_cached": len(self.cached_blocks()), "evictions": self.evictions, "prefix_hit_tokens": self.hit_tokens,
-                "prefix_tree_blocks": len(self.prefix), "prefix_cow_copies": self.cow_copies,
+                "blocks_cached": len(self.cached_blocks()), "evictions": self.evictions,
+                "prefix_hit_tokens": self.hit_tokens, "prefix_tree_blocks": len(self.prefix),
+                "prefix_cow_copies": self.cow_copies,
                 **(self.windows.stats() if self.windows is not None else {})}
 
     # -- helpers ------------------------------------------------------------------------------------
