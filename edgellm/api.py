@@ -12,9 +12,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from edgellm.engine.engine import Engine
-from edgellm.engine.loop import EngineLoop, Listener, RequestHandle
+from edgellm.engine.loop import EngineLoop
 from edgellm.engine.request import RequestOutput
 from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
+from edgellm.handle import Listener, RequestHandle
 from edgellm.loader import LoadedModel, load_gguf
 from edgellm.models.common import ForwardBatch
 from edgellm.model_path import resolve_model
@@ -37,27 +38,31 @@ class Capacity:
 
 
 class Scratch:
-    """KV blocks held for direct use of the model on one sequence (see LLM.scratch): forward passes at chosen
-    positions, outside the engine's requests."""
+    """KV blocks held through the KV cache manager for direct use of the model on one sequence (see LLM.scratch):
+    forward passes at chosen positions, outside the engine's requests. The manager sets each batch's
+    sliding-window slots before its forward, like an engine step's."""
 
-    def __init__(self, model, kv, blocks: list[int]):
-        self.model, self.kv, self.blocks = model, kv, blocks
+    def __init__(self, model, kv, kv_manager):
+        self.model, self.kv, self.kv_manager = model, kv, kv_manager
+        self.n_computed = 0  # end of the last forward: the manager keeps the window before it (engine steps between)
 
-    def batch(self, ids, start: int, *, all_logits: bool = False, logit_rows=None) -> ForwardBatch:
-        """The ForwardBatch of tokens `ids` at positions start.. (logits of the last row, every row, or the
-        rows given, relative to start)."""
-        b = ForwardBatch.single(ids, start, self.blocks, all_logits=all_logits)
+    def _batch(self, ids, start: int, *, all_logits: bool = False, logit_rows=None) -> ForwardBatch:
+        """The prepared ForwardBatch of tokens `ids` at positions start.. (logits of the last row, every row, or
+        the rows given, relative to start)."""
+        b = ForwardBatch.single(ids, start, self.kv_manager.block_table(self), all_logits=all_logits)
         if logit_rows is not None:
             b.logit_rows = np.asarray(logit_rows, dtype=np.int64)
+        self.kv_manager.prepare(b)
+        self.n_computed = start + len(b.tokens)
         return b
 
     def forward(self, ids, start: int = 0, *, all_logits: bool = False) -> np.ndarray:
         """Logits (rows, n_vocab) of tokens `ids` at positions start.. (their K/V stay in the blocks)."""
-        return self.model.forward(self.batch(ids, start, all_logits=all_logits), self.kv)
+        return self.model.forward(self._batch(ids, start, all_logits=all_logits), self.kv)
 
     def hidden(self, ids, start: int, logit_rows) -> np.ndarray:
         """Final hidden states (len(logit_rows), d_model) of the chosen rows; `logits` turns them into logits."""
-        return self.model.hidden(self.batch(ids, start, logit_rows=logit_rows), self.kv)
+        return self.model.hidden(self._batch(ids, start, logit_rows=logit_rows), self.kv)
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         """Output-head logits (rows, n_vocab) of hidden states h (rows, d_model)."""
@@ -256,15 +261,15 @@ class LLM:
         benchmarks, warm-up), given back on exit. Raises ContextOverflowError if they do not fit. Use it inside
         call() once the engine may be running."""
         eng = self.engine
-        blocks = eng.pool.allocate(-(-n_tokens // eng.block_size)) if n_tokens <= self.ctx_size else None
-        if blocks is None:
+        sc = Scratch(self.model, eng.kv, eng.kv_manager)
+        if n_tokens > self.ctx_size or eng.kv_manager.allocate(sc, n_tokens) is None:
             raise ContextOverflowError(f"{n_tokens} tokens do not fit in the context ({self.ctx_size} tokens) or "
                                        f"the free KV cache ({eng.pool.n_free * eng.block_size} tokens); raise "
                                        f"--ctx-size / kv_cache_tokens")
         try:
-            yield Scratch(self.model, eng.kv, blocks)
+            yield sc
         finally:
-            eng.pool.free(blocks)
+            eng.kv_manager.free(sc, cache=False)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no

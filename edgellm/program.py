@@ -262,7 +262,8 @@ def set_default_backend(backend) -> None:
 class ProgramState:
     """The prompt built so far, the variables and the queued steps. `s += expr` queues; reads wait."""
 
-    def __init__(self, backend, *, _parent: "ProgramState | None" = None):
+    def __init__(self, backend, *, runs: "list[ProgramState] | None" = None):
+        """runs: the states of the run this one belongs to (a fork's parent's; None: a new run)."""
         self.backend = backend
         self._text = ""  # the prompt as the model sees it (role marks included for in-process backends)
         self._messages: list[dict] = []  # closed role messages (for chat APIs)
@@ -272,7 +273,7 @@ class ProgramState:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgellm-program")
         self._pending: list[Future] = []
-        self._all = _parent._all if _parent else []
+        self._all = [] if runs is None else runs
         self._all.append(self)
 
     # queued execution
@@ -307,13 +308,14 @@ class ProgramState:
         self.sync()
         if n > 1 and hasattr(self.backend, "cache_prefix"):
             self.backend.cache_prefix(self._text)  # so every branch finds the shared prefix in the tree
-        out = []
-        for _ in range(n):
-            c = ProgramState(self.backend, _parent=self)
-            c._text, c._messages, c._open = self._text, [dict(m) for m in self._messages], list(self._open)
-            c.vars, c.scores = dict(self.vars), dict(self.scores)
-            out.append(c)
-        return out
+        return [self._copy() for _ in range(n)]
+
+    def _copy(self) -> "ProgramState":
+        """A new state of the same run with this one's prompt, messages and variables."""
+        c = ProgramState(self.backend, runs=self._all)
+        c._text, c._messages, c._open = self._text, [dict(m) for m in self._messages], list(self._open)
+        c.vars, c.scores = dict(self.vars), dict(self.scores)
+        return c
 
     # views used by backends (from the state's worker thread)
     def text_now(self) -> str:
@@ -362,10 +364,14 @@ class ProgramState:
         else:
             raise TypeError(f"cannot add {type(expr).__name__} to a program state")
 
+    def stop_worker(self) -> None:
+        """Stop this state's worker thread (its queued steps still finish)."""
+        self._pool.shutdown(wait=False)
+
     def close(self) -> None:
         """Stop the worker threads of every state of this run (queued steps still finish)."""
         for s in self._all:
-            s._pool.shutdown(wait=False)
+            s.stop_worker()
 
 
 class Program:

@@ -70,12 +70,12 @@ def test_prefix_tree_match_insert_release_reuse():
     assert mgr.allocate(r1, 5) == [0, 1, 2]
     r1.n_computed = 5
     mgr.free(r1)  # blocks 0, 1 are full -> cached; block 2 (partly filled) -> cached as a partial leaf
-    assert len(mgr.prefix) == 3 and pool.cached == {0, 1, 2} and pool.n_free == 8
+    assert len(mgr.prefix) == 3 and mgr.cached_blocks() == {0, 1, 2} and pool.n_free == 8
     r2 = FakeReq([1, 2, 3, 4, 9, 9, 9])
     hit = mgr.lookup(r2)  # the partial leaf (5,) does not match 9: full blocks only
     assert hit == PrefixHit((0, 1), -1, 0, 4)
     assert mgr.allocate(r2, 0, hit=hit) == [] and mgr.block_table(r2) == [0, 1] and pool.ref[0] == 1
-    assert pool.cached == {2}
+    assert mgr.cached_blocks() == {2}
     assert mgr.hit_tokens == 4
 
 
@@ -83,7 +83,7 @@ def test_lookup_changes_nothing_and_allocate_is_all_or_nothing():
     mgr = KVCacheManager(4, block_size=2)
     pool = mgr.pool
     mgr.free(computed(mgr, [1, 2, 3, 4, 5]))  # 0, 1 full, 2 = (5,); free queue: 3, 2, 1, 0
-    state = lambda: (list(pool.ref), pool.n_free, set(pool.cached), set(mgr.prefix.by_block), mgr.hit_tokens)
+    state = lambda: (list(pool.ref), pool.n_free, mgr.cached_blocks(), set(mgr.prefix.by_block), mgr.hit_tokens)
     before = state()
     r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8])
     hit = mgr.lookup(r)
@@ -113,16 +113,17 @@ def test_lru_eviction_order_and_subtree_removal():
     take = lambda: mgr.allocate(FakeReq([0]), 1)
     assert take() == [3]  # never-cached block first
     assert take() == [1]  # then LRU cached: the leaf of a's path
-    assert mgr.pool.evictions == 1 and mgr.prefix.match([7, 8]) == [0]
+    assert mgr.evictions == 1 and mgr.prefix.match([7, 8]) == [0]
     assert take() == [0]  # evicting the parent drops the path
     assert mgr.prefix.match([7, 8]) == [] and mgr.prefix.match([5]) == [2]
 
 
-def test_blocks_taken_outside_the_manager_leave_the_tree():
-    """Direct model use (pool.allocate between steps) hands out a cached block: lookup must not offer it."""
+def test_blocks_taken_for_direct_model_use_leave_the_tree():
+    """Direct model use (LLM.scratch: a holder that is no request, freed uncached) takes cached blocks through the
+    manager: lookup must not offer them afterwards."""
     mgr = KVCacheManager(2, block_size=2)
     mgr.free(computed(mgr, [1, 2, 3, 4]))  # free queue: 1, 0
-    blocks = mgr.pool.allocate(2)  # as LLM.logits does
-    assert blocks == [1, 0]
-    mgr.pool.free(blocks)
-    assert mgr.lookup(FakeReq([1, 2, 3])) == PrefixHit() and len(mgr.prefix) == 0 and not mgr.pool.cached
+    scratch = FakeReq([])
+    assert mgr.allocate(scratch, 4) == [1, 0]
+    mgr.free(scratch, cache=False)
+    assert mgr.lookup(FakeReq([1, 2, 3])) == PrefixHit() and len(mgr.prefix) == 0 and not mgr.cached_blocks()

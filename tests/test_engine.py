@@ -56,8 +56,8 @@ def assert_no_leaks(engine: Engine):
     pool = engine.pool
     assert all(c == 0 for c in pool.ref), "a block is still referenced after every request ended"
     assert pool.n_free == pool.n_blocks
-    assert pool.cached == set(engine.prefix.by_block)  # every free block the tree names is marked cached
-    assert not engine.requests
+    assert engine.kv_manager.cached_blocks() == set(engine.prefix.by_block)  # the tree names only free blocks
+    assert not engine.has_work()
 
 
 def alone(llm, ids, n):

@@ -33,7 +33,7 @@ def drain(eng, max_steps=10_000):
 
 def assert_no_leaks(eng):
     assert eng.pool.ref == [0] * eng.pool.n_blocks and eng.pool.n_free == eng.pool.n_blocks
-    assert eng.pool.cached == set(eng.prefix.by_block) and not eng.requests
+    assert eng.kv_manager.cached_blocks() == set(eng.prefix.by_block) and not eng.has_work()
 
 
 @pytest.mark.parametrize("fault_step", [0, 3, 9])

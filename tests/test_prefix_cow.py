@@ -79,9 +79,9 @@ def test_partial_leaf_inserted_and_cached():
     finished(mgr, [1, 2, 3, 4, 5, 6])  # blocks 0 (full) and 1 (2 of 4 rows)
     leaf = tree.by_block[1]
     assert leaf.key == (5, 6) and leaf.parent is tree.by_block[0] and not leaf.children
-    assert mgr.pool.cached == {0, 1} and mgr.pool.n_free == 16 and len(tree) == 2
+    assert mgr.cached_blocks() == {0, 1} and mgr.pool.n_free == 16 and len(tree) == 2
     finished(mgr, [1, 2, 3, 4, 5, 6])  # same tokens again (0 shared, the last block in block 2): 1 stays
-    assert set(tree.by_block) == {0, 1} and mgr.pool.cached == {0, 1}
+    assert set(tree.by_block) == {0, 1} and mgr.cached_blocks() == {0, 1}
     finished(mgr, [7, 8])  # a partial leaf right under the root
     assert tree.by_block[3].key == (7, 8) and tree.by_block[3].parent is tree.root
 
@@ -96,7 +96,7 @@ def test_partial_match_copies_the_longest_prefix_into_a_fresh_block():
     mgr.admit(r)
     assert mgr.copies == [(2, 3, 3)]  # the longest of (5,) and (5, 6, 7); block 3 is the next free one
     assert mgr.block_table(r) == [0, 3] and r.n_computed == r.n_cached == 7 and mgr.hit_tokens == 4 + 7
-    assert pool.ref[0] == 1 and pool.ref[2] == 0 and 2 in pool.cached  # source: still cached
+    assert pool.ref[0] == 1 and pool.ref[2] == 0 and 2 in mgr.cached_blocks()  # source: still cached
     assert tree.match_partial([1, 2, 3, 4, 5, 6, 9], [0], 7) == (2, 2)  # a prefix of a leaf is enough
     # a second request on the same prefix gets its own copy: no block is ever shared for writing
     r2 = FakeReq([1, 2, 3, 4, 5, 6, 7, 1])
@@ -104,7 +104,7 @@ def test_partial_match_copies_the_longest_prefix_into_a_fresh_block():
     assert mgr.copies[-1] == (2, 4, 3) and mgr.block_table(r2) == [0, 4] and pool.ref[0] == 2
     mgr.free(r)
     mgr.free(r2)
-    assert all(c == 0 for c in pool.ref) and pool.n_free == 16 and pool.cached <= set(tree.by_block)
+    assert all(c == 0 for c in pool.ref) and pool.n_free == 16 and mgr.cached_blocks() <= set(tree.by_block)
 
 
 def test_partial_match_from_a_full_block_and_one_token_left():
@@ -139,7 +139,7 @@ def test_no_partial_reuse_when_cut_back_refused_or_out_of_blocks():
     assert mgr.block_table(r) == [0] and r.n_cached == 4 and pool.ref == [1, 0, 1] and 1 in mgr.prefix.by_block
     mgr.free(r)
     pool.free([2])
-    assert all(c == 0 for c in pool.ref) and pool.n_free == 3 and pool.cached == {0, 1}
+    assert all(c == 0 for c in pool.ref) and pool.n_free == 3 and mgr.cached_blocks() == {0, 1}
 
 
 def test_copy_stops_where_row_kinds_differ():
@@ -161,12 +161,12 @@ def test_partial_leaf_evicted_alone_or_with_its_parent():
     finished(mgr, [9, 9])  # block 2: a partial leaf under the root; queue 3, 1, 0, 2
     assert take() == [3]
     assert take() == [1]  # the LRU cached block: the partial leaf, alone
-    assert set(tree.by_block) == {0, 2} and not tree.by_block[0].children and pool.evictions == 1
+    assert set(tree.by_block) == {0, 2} and not tree.by_block[0].children and mgr.evictions == 1
     assert tree.match_partial([1, 2, 3, 4, 5, 6], [0], 6) == (-1, 0)
     pool.free([1, 3])  # queue 0, 2, 3, 1
     finished(mgr, [1, 2, 3, 4, 5])  # revives 0, takes block 2 (evicting the (9, 9) leaf): leaf (5,)
     assert set(tree.by_block) == {0, 2} and tree.by_block[2].key == (5,) and tree.by_block[2].parent.block == 0
-    assert tree.evict(0) == [2]  # the parent is reused: its partial leaf leaves too
+    tree.evict(0)  # the parent is reused: its partial leaf leaves too
     assert len(tree) == 0 and not tree.root.children
 
 
@@ -195,7 +195,7 @@ def cold(llm, prompt, n, **kw):
 
 def assert_no_leaks(eng):
     assert all(c == 0 for c in eng.pool.ref) and eng.pool.n_free == eng.pool.n_blocks
-    assert eng.pool.cached == set(eng.prefix.by_block) and not eng.requests
+    assert eng.kv_manager.cached_blocks() == set(eng.prefix.by_block) and not eng.has_work()
 
 
 def block_bytes(eng, b):

@@ -79,7 +79,41 @@ def test_trimmed_engine_equals_full_kv(tiny_gemma):
     assert st["swa_slots_reused"] > 0  # windows moved on and their old slots were reused
     # shared prefixes still reused where their window K/V was kept, cut back where it was dropped
     assert 0 < st["prefix_hit_tokens"] < full.stats()["prefix_hit_tokens"]
-    assert all(c == 0 for c in trimmed.pool.ref) and not trimmed.requests
+    assert all(c == 0 for c in trimmed.pool.ref) and not trimmed.has_work()
     local = [i for i, t in enumerate(trimmed.kv.trimmed) if t]
     assert local and all(trimmed.kv.k[i].shape[0] == n_slots + 1 < full.kv.k[i].shape[0] for i in local)
     assert trimmed.kv.nbytes < full.kv.nbytes
+
+
+def test_one_off_forward_on_a_trimmed_cache_goes_through_the_manager(tiny_gemma):
+    """LLM.scratch's forwards get their sliding-window slots from the KV cache manager, which keeps the scratch's
+    window pinned across the engine steps run between them; a batch the manager did not prepare is refused."""
+    from edgellm.api import Scratch
+    from edgellm.models.common import ForwardBatch
+
+    rng = np.random.default_rng(5)
+    ids = [1] + rng.integers(3, 500, 23).tolist()
+
+    def engine(swa_slots):
+        return Engine(tiny_gemma.loaded, tiny_gemma.model, tiny_gemma.tokenizer, ctx_size=tiny_gemma.ctx_size,
+                      kv_cache_tokens=512, max_batch=2, token_budget=16, block_size=4, swa_slots=swa_slots)
+
+    def scratch_logits(eng):
+        sc = Scratch(tiny_gemma.model, eng.kv, eng.kv_manager)
+        assert eng.kv_manager.allocate(sc, len(ids)) is not None
+        out = []
+        for s in range(0, len(ids), 4):
+            out.append(sc.forward(ids[s:s + 4], s, all_logits=True))
+            for _ in range(6):  # the engine's requests move their windows on between the scratch's forwards
+                eng.step()
+        eng.kv_manager.free(sc, cache=False)
+        return np.concatenate(out)  # (len(ids), V)
+
+    full, trimmed = engine(0), engine(slots_needed(2, 8, 4, 16))
+    for eng in (full, trimmed):
+        for _ in range(2):
+            eng.add_request([1] + rng.integers(3, 500, 200).tolist(), SamplingParams(max_tokens=8, **GREEDY))
+    np.testing.assert_array_equal(scratch_logits(trimmed), scratch_logits(full))
+    assert trimmed.stats()["swa_slots_reused"] > 0  # slots did cycle while the scratch was held
+    with pytest.raises(RuntimeError, match="prepare"):
+        tiny_gemma.model.forward(ForwardBatch.single(ids[:4], 0, [0]), trimmed.kv)

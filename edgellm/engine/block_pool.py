@@ -2,8 +2,9 @@
 
 A block whose ref count drops to zero goes to the tail of the free queue; if it still holds a cached
 prefix (the prefix tree knows it) it can be revived until it is reused, so the least recently used
-cached blocks are evicted first — vLLM v1's design. The pool tells nobody when it hands out a cached block:
-it records it, and the KV cache manager (engine/kv_cache_manager.py) collects the record with `take_evicted`.
+cached blocks are evicted first — vLLM v1's design. Whether a free block is cached is the prefix tree's
+knowledge, not the pool's: the KV cache manager (engine/kv_cache_manager.py) drops the tree entry of a cached
+block it takes.
 """
 from __future__ import annotations
 
@@ -19,9 +20,6 @@ class BlockPool:
         self.n_blocks = n_blocks
         self.ref = [0] * n_blocks
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n_blocks))  # LRU first
-        self.cached: set[int] = set()  # free blocks that still hold a prefix-tree entry
-        self.evictions = 0
-        self._evicted: list[int] = []  # cached blocks handed out since the last take_evicted()
 
     @property
     def n_free(self) -> int:
@@ -38,40 +36,23 @@ class BlockPool:
         out = []
         for _ in range(n):
             b, _ = self._free.popitem(last=False)
-            if b in self.cached:
-                self.cached.discard(b)
-                self.evictions += 1
-                self._evicted.append(b)
             self.ref[b] = 1
             out.append(b)
         return out
-
-    def take_evicted(self) -> list[int]:
-        """Cached blocks handed out (their prefix-tree entries are stale) since the last call."""
-        out, self._evicted = self._evicted, []
-        return out
-
-    def uncache(self, blocks) -> None:
-        """Free blocks whose prefix-tree entry is gone: plain free blocks from now on."""
-        self.cached.difference_update(blocks)
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on blocks (shared prefix); revives cached free blocks."""
         for b in blocks:
             if self.ref[b] == 0:
                 del self._free[b]
-                self.cached.discard(b)
             self.ref[b] += 1
 
-    def free(self, blocks: list[int], *, cached: set[int] | frozenset = frozenset()) -> None:
+    def free(self, blocks: list[int]) -> None:
         """Drop one reference on each block; blocks reaching zero return to the free queue's tail
-        (in reverse so a sequence's last block is evicted before its first). `cached` marks blocks the
-        prefix tree keeps."""
+        (in reverse so a sequence's last block is evicted before its first)."""
         for b in reversed(blocks):
             if self.ref[b] <= 0:
                 raise RuntimeError(f"block {b} freed more often than taken")
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 self._free[b] = None
-                if b in cached:
-                    self.cached.add(b)

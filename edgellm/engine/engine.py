@@ -41,7 +41,6 @@ class Engine:
         self.pool, self.prefix = self.kv_manager.pool, self.kv_manager.prefix  # read-only views (stats, tests)
         self.scheduler = Scheduler(self.kv_manager, max_batch=max_batch, token_budget=token_budget)
         self.runner = ModelRunner(model, self.kv, self.kv_manager)
-        self.requests: dict[int, Request] = {}
         self.masks = MaskWorker()
 
     @property
@@ -74,12 +73,8 @@ class Engine:
         return req
 
     def enqueue(self, req: Request) -> None:
-        self.requests[req.id] = req
+        """Queue a request made by add_request(..., defer=True)."""
         self.scheduler.add(req)
-
-    def is_released(self, req: Request) -> bool:
-        """True once a finished request's blocks are back in the pool / tree."""
-        return req.id not in self.requests
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -100,7 +95,8 @@ class Engine:
             err.__cause__ = e
             self.scheduler.fail_step(items, err)
             return self._reap([])
-        sampled = {rid: self._sample(self.requests[rid], row) for rid, row in logits.items()}
+        sampled = {it.request.id: self._sample(it.request, logits[it.request.id]) for it in items
+                   if it.request.id in logits}
         self.scheduler.update_from_output(items, sampled)
         return self._reap([it.request for it in items if it.request.id in sampled])
 
@@ -115,10 +111,8 @@ class Engine:
             return e
 
     def _reap(self, touched: list[Request]) -> list[Request]:
-        done = self.scheduler.take_finished()
-        for r in done:
-            self.requests.pop(r.id, None)
-        return touched + [r for r in done if r not in touched]
+        """touched, then the requests that ended this step without output (their blocks are back)."""
+        return touched + [r for r in self.scheduler.take_finished() if r not in touched]
 
     def cancel(self, req: Request) -> None:
         """End req at the next step (its blocks go back then)."""

@@ -61,8 +61,8 @@ class PagedKVCache:
         tables the KV cache manager set before the forward (KVCacheManager.prepare)."""
         if not self.trimmed[i]:
             return batch.block_tables
-        if batch.slot_tables is None:  # a batch built outside the engine (direct model use): slots assigned here
-            batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
+        if batch.slot_tables is None:
+            raise RuntimeError("a trimmed sliding-window layer needs KVCacheManager.prepare(batch) first")
         return batch.slot_tables
 
     def copy_block(self, src: int, dst: int, n: int, keep=frozenset()) -> bool:

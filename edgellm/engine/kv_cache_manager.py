@@ -41,19 +41,19 @@ class KVCacheManager:
         self.prefix = PrefixTree(block_size)
         self.bs, self.kv = block_size, kv
         self.windows = kv.windows if kv is not None else None
-        self._held: dict[int, tuple] = {}  # request id -> (request, its blocks: position p in block [p // bs])
+        self._held: dict[object, list[int]] = {}  # holder (a request, a Scratch) -> its blocks: position p in [p // bs]
         self.hit_tokens = 0  # tokens served from the prefix tree (counted once, when allocated)
+        self.evictions = 0  # cached blocks taken for other use (their tree entries dropped)
         self.cow_copies = 0  # partly reused blocks copied into a request's own block
 
     # -- public API ---------------------------------------------------------------------------------
     def block_table(self, req) -> list[int]:
         """req's block ids (a copy; empty if it holds none)."""
-        return list(self._held[req.id][1]) if req.id in self._held else []
+        return list(self._held.get(req, ()))
 
     def lookup(self, req) -> PrefixHit:
         """The longest reusable cached prefix of req's tokens, always leaving >= 1 token to compute (its logits
         are needed). Allocates, references and copies nothing."""
-        self._forget_evicted()  # the tree must not offer blocks handed out by direct model use
         ids = req.all_ids
         blocks = self.prefix.match(ids, max_blocks=(len(ids) - 1) // self.bs)
         if blocks and self.windows is not None:  # a prefix is only as long as its sliding-window K/V reaches
@@ -68,16 +68,16 @@ class KVCacheManager:
     def allocate(self, req, n_tokens: int, *, hit: PrefixHit = NO_HIT, lookahead: int = 0) -> list[int] | None:
         """Make req's block table cover positions < req.n_computed + hit.tokens + n_tokens, reusing `hit` (from
         lookup, for a request that holds no blocks yet). All or nothing: None, with nothing changed, unless
-        blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks."""
-        self._forget_evicted()
-        table = self._held[req.id][1] if req.id in self._held else []
+        blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks.
+        Any holder with an `n_computed` works (LLM.scratch holds blocks this way for one-off forwards)."""
+        table = self._held.get(req, [])
         have = len(table) + len(hit.blocks)
         end = req.n_computed + hit.tokens + n_tokens
         need = max(0, -(-end // self.bs) - have)
         revived = sum(self.pool.ref[b] == 0 for b in hit.blocks)  # cached free blocks leave the free queue
         if max(need, -(-(end + lookahead) // self.bs) - have) > self.pool.n_free - revived:
             return None
-        self._held[req.id] = (req, table)
+        self._held[req] = table
         self.pool.touch(hit.blocks)
         table += hit.blocks
         fresh = self._copy_partial(req, hit) if hit.n_rows else []
@@ -88,31 +88,32 @@ class KVCacheManager:
 
     def free(self, req, *, cache: bool = True) -> None:
         """Give req's blocks back. cache=True: its computed blocks stay in the prefix tree (the last one as a
-        partial leaf if partly filled); False (a failed step): only blocks already in the tree stay cached."""
-        self._forget_evicted()
-        _, table = self._held.pop(req.id, (None, None))
-        if not table:
-            return
-        if cache:
-            kept = self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
-        else:
-            kept = {b for b in table if b in self.prefix.by_block}
-        self.pool.free(table, cached=kept)
+        partial leaf if partly filled); False (a failed step, a scratch): only blocks already in the tree stay
+        cached."""
+        table = self._held.pop(req, [])
+        if table and cache:
+            self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
+        self.pool.free(table)
 
     def prepare(self, batch) -> None:
         """Before a forward: pin the sliding-window blocks every holder's next query attends to and set
         batch.slot_tables (S, MB), giving a slot to every block the batch writes (no-op without trimmed layers)."""
         if self.windows is None:
             return
-        self.windows.pin_running((t, r.n_computed) for r, t in self._held.values())
+        self.windows.pin_running((t, r.n_computed) for r, t in self._held.items())
         batch.slot_tables = self.windows.tables(batch.block_tables, batch.positions, batch.row_seq)
+
+    def cached_blocks(self) -> set[int]:
+        """Free blocks that still hold a cached prefix (a lookup can revive them)."""
+        return {b for b in self.prefix.by_block if self.pool.ref[b] == 0}
 
     def stats(self) -> dict:
         """Block, prefix-cache and sliding-window counters."""
         p = self.pool
         return {"blocks_total": p.n_blocks, "blocks_used": p.n_used, "blocks_free": p.n_free,
-                "blocks_cached": len(p.cached), "evictions": p.evictions, "prefix_hit_tokens": self.hit_tokens,
-                "prefix_tree_blocks": len(self.prefix), "prefix_cow_copies": self.cow_copies,
+                "blocks_cached": len(self.cached_blocks()), "evictions": self.evictions,
+                "prefix_hit_tokens": self.hit_tokens, "prefix_tree_blocks": len(self.prefix),
+                "prefix_cow_copies": self.cow_copies,
                 **(self.windows.stats() if self.windows is not None else {})}
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class KVCacheManager:
         if self.windows is None:
             return set()
         keep = set(self.windows.seen(blocks, query))
-        for r, t in self._held.values():
+        for r, t in self._held.items():
             keep.update(self.windows.seen(t, r.n_computed))
         return keep
 
@@ -141,16 +142,16 @@ class KVCacheManager:
         keep = self._keep(hit.blocks, len(hit.blocks) * self.bs + hit.n_rows)
         if self.kv is not None and not self.kv.copy_block(hit.src, dst, hit.n_rows, keep):
             raise RuntimeError(f"copy of block {hit.src} refused after lookup offered it")
-        self.pool.free([hit.src], cached={hit.src})
+        self.pool.free([hit.src])
         self.cow_copies += 1
         return [dst]
 
     def _take(self, n: int) -> list[int]:
-        got = self.pool.allocate(n)  # checked by allocate(): never None
-        self._forget_evicted()
+        """n fresh blocks (allocate() checked they are free); cached ones handed out leave the tree (with their
+        free subtrees). Every block is taken here, so the tree never names a block in another use."""
+        got = self.pool.allocate(n)
+        evicted = [b for b in got if b in self.prefix.by_block]
+        for b in evicted:
+            self.prefix.evict(b)
+        self.evictions += len(evicted)
         return got
-
-    def _forget_evicted(self) -> None:
-        """Drop the tree entries of cached blocks the pool handed out (and of their free subtrees)."""
-        for b in self.pool.take_evicted():
-            self.pool.uncache(self.prefix.evict(b))

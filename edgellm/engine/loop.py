@@ -7,66 +7,15 @@ one that escapes is an engine bug: the loop stops serving rather than run on in 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from concurrent.futures import Future
-from typing import Callable, Iterator
+from typing import Callable
 
-from edgellm.engine.request import Request, RequestOutput
+from edgellm.engine.request import Request
 from edgellm.errors import EngineDeadError, EngineStoppedError
+from edgellm.handle import Listener, RequestHandle
 
 log = logging.getLogger("edgellm.engine")
-_DONE = object()  # the last event of a handle's queue
-
-# Called on the engine thread with (handle, text piece), then once with (handle, None) when the request has
-# ended (handle.done is set, output or error filled in). It must be quick and must not block.
-Listener = Callable[["RequestHandle", "str | None"], None]
-
-
-class RequestHandle:
-    """The caller's side of one request: a stream of text pieces, then the final output (or error)."""
-
-    def __init__(self, loop: "EngineLoop", listener: Listener | None = None):
-        self._loop = loop
-        self._listener = listener
-        self.request: Request | None = None
-        self.events: queue.Queue = queue.Queue()  # str pieces, then _DONE
-        self.output: RequestOutput | None = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-        self._sent = 0  # characters of request.text already emitted (the loop only reads the request)
-
-    def _emit(self, ev) -> None:
-        self.events.put(ev)
-        if self._listener is not None:
-            try:
-                self._listener(self, None if ev is _DONE else ev)
-            except Exception:  # a listener's bug must not stop the engine thread (an asyncio loop that closed)
-                log.exception("request listener failed")
-
-    def cancel(self) -> None:
-        """Stop the request; its KV blocks go back at the next step."""
-        self._loop.cancel(self)
-
-    def pieces(self) -> Iterator[str]:
-        """Blocking iterator over text pieces until the request ends (re-raises engine errors)."""
-        while True:
-            ev = self.events.get()
-            if ev is _DONE:
-                self.events.put(_DONE)  # a second iteration ends too
-                if self.error:
-                    raise self.error
-                return
-            yield ev
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        """The final output; raises the request's error, or TimeoutError if it is still running after timeout
-        seconds (the request goes on: cancel() it if it is no longer wanted)."""
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"request still running after {timeout} s")
-        if self.error:
-            raise self.error
-        return self.output
 
 
 class EngineLoop:
@@ -205,16 +154,12 @@ class EngineLoop:
                     fut.set_exception(e)
 
     def _deliver(self, touched: list[Request]) -> None:
-        eng = self.engine
         for req in touched:
             h = self._handles.get(req.id)
-            if h is None:
-                continue
-            if len(req.text) > h._sent:
-                piece, h._sent = req.text[h._sent:], len(req.text)
-                h._emit(piece)
-            if req.finished and eng.is_released(req):
-                self._finish(h, error=req.error)
+            if h is not None:
+                h.offer(req.text)
+                if req.finished:  # the scheduler ends a request and gives its blocks back together
+                    self._finish(h, error=req.error)
 
     def _take_all(self) -> list[RequestHandle]:
         with self._cv:
@@ -243,7 +188,4 @@ class EngineLoop:
 
     def _finish(self, h: RequestHandle, error: BaseException | None = None) -> None:
         self._handles.pop(h.request.id, None)
-        h.output = h.request.output()
-        h.error = error
-        h.done.set()
-        h._emit(_DONE)
+        h.end(h.request.output(), error)

@@ -2,7 +2,7 @@
 reuse of partly filled blocks.
 
 The tree owns no references and no K/V: it maps token paths to block ids. A block in the tree with ref count 0
-sits in the BlockPool's free queue marked *cached*; a later match can revive it until the pool hands it out
+sits in the BlockPool's free queue and is *cached*; a later match can revive it until the pool hands it out
 again, and then the KV cache manager calls `evict(block)`: the node and its subtree leave the tree (descendants
 are free too: whoever holds a child block also holds its parent). Eviction order is the pool's LRU order.
 
@@ -68,8 +68,8 @@ class PrefixTree:
 
     def insert(self, ids: list[int], blocks: list[int], prompt_rows: int = 0) -> set[int]:
         """Record that blocks[i] holds the K/V of ids' i-th block (the last one may be partly filled: a partial
-        leaf); rows < prompt_rows were computed as prompt rows. Returns the blocks now in the tree."""
-        node, kept = self.root, set()
+        leaf); rows < prompt_rows were computed as prompt rows."""
+        node = self.root
         for i in range(min(-(-len(ids) // self.bs), len(blocks))):
             key = tuple(ids[i * self.bs:(i + 1) * self.bs])
             child = node.children.get(key)
@@ -82,24 +82,20 @@ class PrefixTree:
                 self.by_block[blocks[i]] = child
             if child.block != blocks[i]:
                 break  # same tokens computed twice: the older block stays cached, this one is freed
-            kept.add(blocks[i])
             node = child
-        return kept
 
-    def evict(self, block: int) -> list[int]:
-        """`block` was handed out again: drop its node and the (free) subtree below it. Returns the blocks of
-        that subtree (without `block`): free blocks that no longer hold a cached prefix."""
+    def evict(self, block: int) -> None:
+        """`block` was handed out again: drop its node and the (free) subtree below it, whose blocks then hold
+        no cached prefix any more."""
         node = self.by_block.pop(block, None)
         if node is None:
-            return []
+            return
         del node.parent.children[node.key]
-        stack, out = list(node.children.values()), []
+        stack = list(node.children.values())
         while stack:
             n = stack.pop()
-            self.by_block.pop(n.block, None)
-            out.append(n.block)
+            del self.by_block[n.block]
             stack.extend(n.children.values())
-        return out
 
     def __len__(self) -> int:
         return len(self.by_block)

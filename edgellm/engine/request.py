@@ -87,7 +87,6 @@ class Request:
         self.finish_reason: str | None = None
         self.cancel_requested = False  # set by cancel() (any thread), applied by the scheduler
         self.error: BaseException | None = None
-        self.new_text = ""  # produced by the last step, for streaming
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
         self.t_end: float | None = None
@@ -124,7 +123,6 @@ class Request:
             self.logprobs.append(logprob)
         piece, stopped = self.stop.feed(self.detok.add(tok))
         self.text += piece
-        self.new_text += piece
         if stopped:
             self.finish("stop", flush=False)
         elif len(self.output_ids) >= p.max_tokens or self.n_tokens >= self.max_len:
@@ -136,7 +134,6 @@ class Request:
             piece, _ = self.stop.feed(self.detok.flush())
             piece += self.stop.flush()
             self.text += piece
-            self.new_text += piece
         self.finish_reason = reason
         self.state = RequestState.FINISHED
         self.t_end = time.perf_counter()

@@ -91,18 +91,15 @@ class WindowSlots:
             if self.holds(b):
                 self._lru.pop(int(self.slot[b]), None)
         for b in dict.fromkeys(new):
-            self._assign(b)
+            if not self._lru:
+                raise RuntimeError("no free sliding-window slot (n_slots too small for this batch)")
+            self._give(self._lru.popitem(last=False)[0], b)
         for b in pinned:  # back to the queue as the most recently used
             s = int(self.slot[b])
             if s:
                 self._lru[s] = None
         out = np.where(block_tables >= 0, self.slot[np.maximum(block_tables, 0)], -1)
         return out
-
-    def _assign(self, b: int) -> None:
-        if not self._lru:
-            raise RuntimeError("no free sliding-window slot (n_slots too small for this batch)")
-        self._give(self._lru.popitem(last=False)[0], b)
 
     # -- prefix reuse ---------------------------------------------------------------------------------
     def usable_prefix(self, blocks: list[int]) -> int:

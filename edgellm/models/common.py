@@ -20,7 +20,7 @@ class ForwardBatch:
     block_tables: (S, MB) int32 — per sequence, the KV block holding positions [i*BS, (i+1)*BS);
     logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence);
     slot_tables: (S, MB) — block_tables as trimmed sliding-window layers index their K/V (set before the forward
-    by KVCacheManager.prepare; batches built outside the engine get them from PagedKVCache.tables);
+    by KVCacheManager.prepare, also for one-off forwards: LLM.scratch);
     decode_rows: (T,) bool or None — rows whose attention sums P @ V in llama.cpp's one-token order (generated
     tokens fed back); None: rows alone in their sequence (see kernels_cpu.attention.paged_attention).
     """
