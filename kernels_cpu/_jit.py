@@ -101,16 +101,20 @@ def _force_isa() -> frozenset[str] | None:
         return None
     if name not in FORCED_ISAS:
         raise ValueError(f"EDGELLM_ISA={name!r}: expected one of native, {', '.join(FORCED_ISAS)}")
-    import llvmlite.binding as ll
-
     cpu, feats = FORCED_ISAS[name]
-    host = {k for k, v in ll.get_host_cpu_features().items() if v}
-    missing = sorted(feats - host)
+    missing = sorted(feats - cpu_features())
     if missing:
         raise ValueError(f"EDGELLM_ISA={name}: this CPU lacks {', '.join(missing)}")
     nb.config.CPU_NAME = cpu
     nb.config.CPU_FEATURES = ",".join(f"+{f}" for f in sorted(feats))
     return frozenset(feats)
+
+
+def cpu_features() -> frozenset[str]:
+    """LLVM feature names this CPU has (whatever EDGELLM_ISA forces)."""
+    import llvmlite.binding as ll
+
+    return frozenset(k for k, v in ll.get_host_cpu_features().items() if v)
 
 
 _host_features: frozenset[str] | None = _force_isa()
@@ -121,8 +125,5 @@ def host_features() -> frozenset[str]:
     or the set forced by EDGELLM_ISA."""
     global _host_features
     if _host_features is None:
-        import llvmlite.binding as ll
-
-        feats = ll.get_host_cpu_features()
-        _host_features = frozenset(k for k, v in feats.items() if v)
+        _host_features = cpu_features()
     return _host_features

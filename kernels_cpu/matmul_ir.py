@@ -45,15 +45,12 @@ def slice_width() -> int:
 
 
 def max_rows() -> int:
-    """Activation rows per pass over K (the int16 form): 8 with AVX-512's 32 registers, 4 otherwise (the decode
-    pass, 1 row, never spills; 4 rows spill a few vectors but beat 2 passes of 2)."""
+    """Activation rows per pass over K: 8 with AVX-512's 32 registers, 4 otherwise. The decode pass (1 row)
+    never spills; 4 rows spill a few vectors on AVX2 but beat 2 passes of 2 (re-decoding the weights costs more;
+    forced AVX2 here, 8 rows: Q5_0 2048x640 0.134 -> 0.110 ms)."""
     return 8 if slice_width() == R else 4
 
 
-# Activation rows per pass of the unsigned-weight (int8 activation) form. Per row it keeps one int16, two int32
-# and two float accumulator vectors: 4 rows spill a little on AVX2's 16 ymm registers, and are still faster
-# than 2 or 3 (re-decoding the weights costs more; forced AVX2 here, 8 rows: Q5_0 2048x640 0.134 -> 0.110 ms).
-S8_ROWS = 4
 
 
 class Emit:
@@ -470,7 +467,7 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
         e = Emit(context, builder, signature, args, w)
         nblocks, qb, sb, xe = args[16:20]
         zero = ir.Constant(V(F32, w), [0.0] * w)
-        step_rows = S8_ROWS if s8 else max_rows()
+        step_rows = max_rows()
         # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers
         for lane0 in range(0, R, w):
             for row0 in range(0, nrows, step_rows):

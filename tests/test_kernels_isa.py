@@ -13,21 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kernels_cpu._jit import FORCED_ISAS
+from kernels_cpu._jit import FORCED_ISAS, cpu_features
 
 ROOT = Path(__file__).resolve().parent.parent
 X86 = platform.machine() in ("x86_64", "AMD64")
 pytestmark = pytest.mark.skipif(not X86, reason="forced instruction sets are x86 levels (ARM: see .ci/arm)")
 
 
-def _host() -> set[str]:
-    import llvmlite.binding as ll
-
-    return {k for k, v in ll.get_host_cpu_features().items() if v}
-
-
 def runnable(isa: str) -> bool:
-    return FORCED_ISAS[isa][1] <= _host()
+    return FORCED_ISAS[isa][1] <= cpu_features()
 
 
 def _env(isa: str) -> dict:
