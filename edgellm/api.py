@@ -109,7 +109,7 @@ class LLM:
             raise InvalidRequestError("ctx_size must be >= 2")
         from edgellm.warmup import warm_up
 
-        self.model = self.loaded.model_module().Model(self.loaded, progress=progress)
+        self.model = self.loaded.model_module().Model(self.loaded, progress=progress, ctx_size=self.ctx_size)
         self._tokenizer: Tokenizer | None = None
         if load_tokenizer:  # before the weights page in, so its build buffers never add to the peak
             self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)

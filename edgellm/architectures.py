@@ -23,6 +23,10 @@ class ArchSpec:
     swa_pattern: int = 0  # every n-th layer is global (llama.cpp hard-codes 6 for gemma3)
     rope_base_local: float | None = None  # rope base of sliding-window layers
     bias: bool = False  # q/k/v biases (qwen2)
+    qk_scale_layers: tuple[int, ...] = ()  # block counts whose query scale is 1/sqrt(d_model/heads) (gemma2 27B)
+    window: int = 0  # sliding window when the file has no attention.sliding_window key (gemma2: 4096)
+    softcaps: tuple[float, float] = (0.0, 0.0)  # (attention, final) logit soft-caps when the keys are missing
+    no_rope_every: int = 0  # every n-th layer (il + 1 = n, 2n, ...) skips rotary embeddings (smollm3's NoPE)
     hf_archs: tuple[str, ...] = ()  # HF config.json "architectures" converted to this arch (convert/<arch>.py)
 
 
@@ -31,6 +35,11 @@ ARCHS: dict[str, ArchSpec] = {
     "mistral": ArchSpec("llama", rope_neox=False),  # llama.cpp writes Mistral checkpoints as "llama"
     "qwen2": ArchSpec("llama", rope_neox=True, bias=True, hf_archs=("Qwen2ForCausalLM",)),
     "qwen3": ArchSpec("llama", rope_neox=True, qk_norm=True, hf_archs=("Qwen3ForCausalLM",)),
+    "smollm3": ArchSpec("llama", rope_neox=False, no_rope_every=4),
+    # phi3: fused attn_qkv and gate+up (ffn_up holds both), optional partial rotary and long/short rope factors
+    "phi3": ArchSpec("llama", rope_neox=True),
+    "gemma2": ArchSpec("gemma3", rope_neox=True, gemma=True, swa_pattern=2, window=4096, softcaps=(50.0, 30.0),
+                       qk_scale_layers=(46,)),
     "gemma3": ArchSpec("gemma3", rope_neox=True, qk_norm=True, gemma=True, swa_pattern=6, rope_base_local=10000.0,
                        hf_archs=("Gemma3ForCausalLM",)),
 }

@@ -42,16 +42,23 @@ class ModelConfig:
     attn_softcap: float  # 0 = none
     final_softcap: float  # 0 = none
     tied_output: bool
+    n_rot: int = 0  # rotary dimensions (the first n_rot of each head; 0 = the whole head)
+    rope_layers: tuple[bool, ...] = ()  # per layer: applies rotary embeddings (False: smollm3's NoPE layers)
+    rope_factors: tuple[str, str] | None = None  # (short, long) per-pair frequency-factor tensors (phi3 LongRoPE)
+    rope_ctx_orig: int = 0  # the context above which the long factors are used
+    rope_mscale: float = 1.0  # cos/sin scale (rope.scaling.attn_factor)
+    fused_qkv: bool = False  # one attn_qkv matrix (phi3) instead of attn_q/k/v
+    fused_up: bool = False  # ffn_up holds gate and up stacked, no ffn_gate (phi3)
     name: str = ""
     file_type: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
 
-def _scalar(v: Any) -> Any:
+def _scalar(v: Any, key: str = "") -> Any:
     # per-layer arrays (e.g. head_count_kv in some files): all equal is required here
     if isinstance(v, np.ndarray):
         if v.size == 0 or np.any(v != v.flat[0]):
-            raise UnsupportedModelError(f"per-layer hyper-parameter varies across layers: {v}")
+            raise UnsupportedModelError(f"per-layer hyper-parameter {key} varies across layers: {v}")
         return v.flat[0].item()
     return v
 
@@ -63,8 +70,8 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         meta = check_metadata(meta, tensors, path=path, archs=ARCHS)
     arch = meta["general.architecture"]
     spec = ARCHS[arch]
-    g = lambda k, d=None: _scalar(meta.get(f"{arch}.{k}", d))  # noqa: E731
-    r = lambda k: _scalar(meta[f"{arch}.{k}"])  # noqa: E731
+    g = lambda k, d=None: _scalar(meta.get(f"{arch}.{k}", d), f"{arch}.{k}")  # noqa: E731
+    r = lambda k: _scalar(meta[f"{arch}.{k}"], f"{arch}.{k}")  # noqa: E731
     d_model, n_heads = int(r("embedding_length")), int(r("attention.head_count"))
     n_kv = int(g("attention.head_count_kv", n_heads))
     head_dim = int(g("attention.key_length", d_model // n_heads))
@@ -72,7 +79,7 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
     if "token_embd.weight" not in tensors:
         raise UnsupportedModelError(f"{path}: missing tensor 'token_embd.weight'")
     n_vocab = tensors["token_embd.weight"].shape[0]
-    window = int(g("attention.sliding_window", 0) or 0)
+    window = int(g("attention.sliding_window", spec.window) or 0)
     pattern = int(g("attention.sliding_window_pattern", spec.swa_pattern) or 0)
     if pattern and window:  # llama.cpp: layer il is local iff il % pattern < pattern - 1
         swa = tuple(i % pattern < pattern - 1 for i in range(n_layers))
@@ -81,9 +88,16 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(g("rope.scaling.factor", 1.0) or 1.0)
     rope_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
-    if scaling not in ("none", "linear", None):
+    if scaling not in ("none", "linear", "longrope", None):
         raise UnsupportedModelError(f"{path}: rope scaling {scaling!r} is not supported yet")
     rope_base = float(g("rope.freq_base", 10000.0))
+    n_rot = int(g("rope.dimension_count", head_dim))
+    every = spec.no_rope_every
+    rope_layers = tuple(not every or (i + 1) % every != 0 for i in range(n_layers))
+    factors = ("rope_factors_short.weight", "rope_factors_long.weight")
+    has_factors = all(f in tensors for f in factors)
+    qk_dim = d_model // n_heads if n_layers in spec.qk_scale_layers else head_dim
+    attn_cap, final_cap = spec.softcaps
     return ModelConfig(
         arch=arch, n_vocab=n_vocab, n_ctx_train=int(r("context_length")), d_model=d_model,
         n_layers=n_layers, d_ff=int(r("feed_forward_length")), n_heads=n_heads, n_kv_heads=n_kv,
@@ -92,10 +106,15 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         rope_scale=rope_scale, rope_neox=spec.rope_neox, qk_norm=spec.qk_norm, gemma=spec.gemma,
         bias=spec.bias, sliding_window=window, swa_layers=swa,
         rope_base_local=float(g("rope.freq_base_swa", spec.rope_base_local or rope_base)),
-        attn_scale=1.0 / math.sqrt(head_dim),
-        attn_softcap=float(g("attn_logit_softcapping", 0.0) or 0.0),
-        final_softcap=float(g("final_logit_softcapping", 0.0) or 0.0),
+        attn_scale=1.0 / math.sqrt(qk_dim),
+        attn_softcap=float(g("attn_logit_softcapping", attn_cap) or 0.0),
+        final_softcap=float(g("final_logit_softcapping", final_cap) or 0.0),
         tied_output="output.weight" not in tensors,
+        n_rot=n_rot, rope_layers=rope_layers, rope_factors=factors if has_factors else None,
+        rope_ctx_orig=int(g("rope.scaling.original_context_length", r("context_length"))),
+        rope_mscale=float(g("rope.scaling.attn_factor", 1.0) or 1.0),
+        fused_qkv="blk.0.attn_qkv.weight" in tensors, fused_up="blk.0.ffn_gate.weight" not in tensors
+        and "blk.0.ffn_up.weight" in tensors,
         name=str(meta.get("general.name", "")), file_type=meta.get("general.file_type"),
     )
 
@@ -108,13 +127,18 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (cfg.n_vocab, d)
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        shapes |= {
-            b + "attn_norm.weight": (d,), b + "attn_q.weight": (cfg.n_heads * hd, d),
-            b + "attn_k.weight": (cfg.n_kv_heads * hd, d), b + "attn_v.weight": (cfg.n_kv_heads * vd, d),
-            b + "attn_output.weight": (d, cfg.n_heads * vd), b + "ffn_norm.weight": (d,),
-            b + "ffn_gate.weight": (cfg.d_ff, d), b + "ffn_up.weight": (cfg.d_ff, d),
-            b + "ffn_down.weight": (d, cfg.d_ff),
-        }
+        q, k, v = cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * vd
+        shapes[b + "attn_norm.weight"] = (d,)
+        if cfg.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (q + k + v, d)
+        else:
+            shapes |= {b + "attn_q.weight": (q, d), b + "attn_k.weight": (k, d), b + "attn_v.weight": (v, d)}
+        shapes |= {b + "attn_output.weight": (d, cfg.n_heads * vd), b + "ffn_norm.weight": (d,)}
+        if cfg.fused_up:
+            shapes[b + "ffn_up.weight"] = (2 * cfg.d_ff, d)
+        else:
+            shapes |= {b + "ffn_gate.weight": (cfg.d_ff, d), b + "ffn_up.weight": (cfg.d_ff, d)}
+        shapes[b + "ffn_down.weight"] = (d, cfg.d_ff)
         if cfg.qk_norm:
             shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
         if cfg.gemma:
@@ -122,6 +146,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.bias:
             shapes |= {b + "attn_q.bias": (cfg.n_heads * hd,), b + "attn_k.bias": (cfg.n_kv_heads * hd,),
                        b + "attn_v.bias": (cfg.n_kv_heads * vd,)}
+    if cfg.rope_factors:
+        shapes |= {f: ((cfg.n_rot or hd) // 2,) for f in cfg.rope_factors}
     return shapes
 
 

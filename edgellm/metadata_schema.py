@@ -97,6 +97,8 @@ KEYS: tuple[Key, ...] = (  # order matters: a key that defines a quantity comes 
     _u32("{arch}.rope.dimension_count", "model", lo=1, hi=1 << 16),
     Key("{arch}.rope.scaling.type", T.STRING, "model", max_len=64),
     _f32("{arch}.rope.scaling.factor", "model", lo=0.0),
+    _f32("{arch}.rope.scaling.attn_factor", "model", **_POSITIVE),
+    _u32("{arch}.rope.scaling.original_context_length", "model", lo=1, hi=2**31 - 1),
     _f32("{arch}.attn_logit_softcapping", "model", lo=0.0),
     _f32("{arch}.final_logit_softcapping", "model", lo=0.0),
     # vocabulary (tokenizer.Tokenizer) and chat template (chat_template.ChatTemplate.from_metadata)
@@ -370,9 +372,9 @@ def _heads(ctx: _Context, m: dict) -> None:
     if head_dim < 1 or head_dim % 2:
         raise ctx.fail(at_fault, f"gives a head size of {head_dim} (rotary embeddings need an even size >= 2)")
     rot = g("rope.dimension_count")
-    if rot is not None and rot != head_dim:
-        raise UnsupportedModelError(f"{ctx.prefix}{ctx.key('{arch}.rope.dimension_count')} = {rot} != head size "
-                                    f"{head_dim}: partial rotary embeddings are not supported")
+    if rot is not None and (rot > head_dim or rot % 2) and n_heads.min() == n_heads.max():  # (varying: loader)
+        raise ctx.fail(ctx.key("{arch}.rope.dimension_count"), f"= {rot}: rotary dimensions must be even and at "
+                                                              f"most the head size {head_dim}")
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
@@ -391,6 +393,6 @@ def _byte_tokens(ctx: _Context, m: dict) -> None:
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("model", _heads, "KV heads divide the heads; the head size is even and >= 2; rope covers it whole"),
+    Invariant("model", _heads, "KV heads divide the heads; the head size is even and >= 2; rope covers an even part of it"),
     Invariant("tokenizer", _byte_tokens, "every token typed BYTE is written <0xHH>"),
 )

@@ -123,26 +123,34 @@ def expf(x: np.ndarray) -> np.ndarray:
 
 
 @jit
-def _rope_tables(cos, sin, positions, base, scale):
-    # cos, sin: (T, n_dims/2)  positions: (T,). ggml_rope_cache_init: theta_scale = powf(base, -2.0f/n_dims);
-    # theta starts at (float)p and is multiplied by theta_scale once per pair; cosf/sinf of freq_scale*theta
-    # (llvm.cos/sin.f32 call glibc's cosf/sinf, as llama.cpp's build does)
+def _rope_tables(cos, sin, positions, base, scale, factors, mscale):
+    # cos, sin: (T, n_dims/2)  positions: (T,)  factors: (n_dims/2,). ggml_rope_cache_init: theta_scale =
+    # powf(base, -2.0f/n_dims); theta starts at (float)p and is multiplied by theta_scale once per pair;
+    # cosf/sinf of freq_scale*theta/factor, times mscale (llvm.cos/sin.f32 call glibc's cosf/sinf, as llama.cpp's
+    # build does)
     half = cos.shape[1]
     theta_scale = np.float32(math.pow(base, np.float32(-2.0) / np.float32(2 * half)))
     for t in range(len(positions)):
         theta = np.float32(positions[t])
         for i in range(half):
-            ang = scale * theta
-            cos[t, i] = math.cos(ang)
-            sin[t, i] = math.sin(ang)
+            ang = scale * (theta / factors[i])
+            cos[t, i] = math.cos(ang) * mscale
+            sin[t, i] = math.sin(ang) * mscale
             theta = theta * theta_scale
 
 
-def rope_tables(positions: np.ndarray, n_dims: int, base: float, scale: float = 1.0):
-    """cos/sin tables (T, n_dims/2) as ggml_rope_cache_init computes them (float32 angle recurrence)."""
-    cos = np.empty((len(positions), n_dims // 2), dtype=np.float32)
+def rope_tables(positions: np.ndarray, n_dims: int, base: float, scale: float = 1.0, *, factors=None,
+                mscale: float = 1.0):
+    """cos/sin tables (T, n_dims/2) as ggml_rope_cache_init computes them (float32 angle recurrence); factors
+    (n_dims/2,) divide each pair's angle (LongRoPE frequency factors), mscale scales cos and sin."""
+    half = n_dims // 2
+    cos = np.empty((len(positions), half), dtype=np.float32)
     sin = np.empty_like(cos)
-    _rope_tables(cos, sin, np.ascontiguousarray(positions, dtype=np.int64), np.float32(base), np.float32(scale))
+    ff = np.ones(half, np.float32) if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
+    if ff.shape != (half,):
+        raise ValueError(f"rope factors have shape {ff.shape}, expected ({half},)")
+    _rope_tables(cos, sin, np.ascontiguousarray(positions, dtype=np.int64), np.float32(base), np.float32(scale),
+                 ff, np.float32(mscale))
     return cos, sin
 
 

@@ -26,7 +26,17 @@ def loaded_cases(tmp_path_factory):
 
 
 def test_cases_present():
-    assert {"tiny_llama", "tiny_qwen2"} <= set(CASES)
+    assert {"tiny_llama", "tiny_qwen2", "tiny_gemma2", "tiny_smollm3", "tiny_phi3"} <= set(CASES)
+
+
+def test_longrope_factor_choice():
+    """phi3: the long factors once llama.cpp's padded context (a multiple of 256) exceeds the original one."""
+    from types import SimpleNamespace
+
+    from edgellm.models.llama import uses_long_factors
+
+    cfg = SimpleNamespace(n_ctx_train=131072, rope_ctx_orig=4096)
+    assert [uses_long_factors(cfg, n) for n in (64, 4096, 4097, None)] == [False, False, True, True]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -12,6 +12,12 @@ Per-architecture choices mirror the real model families:
   gemma3  q/k norms, post-attention and post-FFN norms, key_length 128, tied embeddings, sliding window 8 with
           llama.cpp's default pattern (every 6th layer global, so 6 layers by default: layers 0-4 local, 5 global),
           no rope.freq_base_swa key (llama.cpp then uses 10000 for local layers), no add_space_prefix
+  gemma2  gemma3 without q/k norms, every other layer local (sliding window 8), attention / final logit soft-caps
+          50 / 30 written, key_length 128, tied embeddings
+  smollm3 llama with tied embeddings and 4 layers: every 4th layer (layer 3) has no rotary embedding (NoPE)
+  phi3    fused attn_qkv and ffn_up ([gate; up]), partial rotary (48 of 64 dims), LongRoPE short/long factors
+          (rope_factors_short/long.weight, original context 128 < the 256 trained: llama.cpp pads every
+          context to a multiple of 256, so the tiny tests run on the long ones), rope.scaling.attn_factor 1.19, untied output
 All use the same byte-fallback SentencePiece ("llama") vocab: <unk>=0, <s>=1 (BOS), </s>=2 (EOS), <0x00>..<0xFF>,
 then single characters and scored merges.
 """
@@ -33,7 +39,13 @@ _DEFAULTS: dict[str, dict] = {
     # embedding from dominating the last hidden state (else every argmax is the input token)
     "gemma3": {"n_layer": 6, "head_dim": 128, "rope_freq_base": 1000000.0, "rms_eps": 1e-6, "tie_embeddings": True,
                "sliding_window": 8, "embed_std": 0.03},
+    "gemma2": {"n_layer": 4, "head_dim": 128, "rope_freq_base": 10000.0, "rms_eps": 1e-6, "tie_embeddings": True,
+               "sliding_window": 8, "embed_std": 0.03},
+    "smollm3": {"n_layer": 4, "head_dim": 64, "rope_freq_base": 5000000.0, "rms_eps": 1e-6, "tie_embeddings": True},
+    "phi3": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 10000.0, "rms_eps": 1e-5, "tie_embeddings": False},
 }
+PHI3_ROT, PHI3_ORIG_CTX, PHI3_ATTN_FACTOR = 48, 128, 1.19
+GEMMA = ("gemma2", "gemma3")
 ARCHS = tuple(_DEFAULTS)  # the archs a tiny model can be written for (tests/test_architectures.py: all we convert)
 
 WEIGHT_STD = 0.05  # projection matrices: q ~ 0.8 rms after a unit-rms input, attention scores not saturated
@@ -136,7 +148,9 @@ def write_spec(path: str | Path, spec: TinyModelSpec) -> Path:
 def _add_metadata(w, s: TinyModelSpec) -> None:
     import gguf
 
-    w.add_name(f"tiny-{s.arch}-seed{s.seed}")
+    # llama.cpp's vocab loader treats a model named *phi3* / *phi-3* as Phi-3's own vocabulary (it looks up
+    # <|endoftext|>, which the tiny vocab lacks): the tiny phi3 is named by its family's other name
+    w.add_name(f"tiny-{'phi' if s.arch == 'phi3' else s.arch}-seed{s.seed}")
     w.add_file_type(_file_type(s.qtype))
     w.add_context_length(s.context_length)
     w.add_embedding_length(s.d_model)
@@ -148,11 +162,18 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
     w.add_rope_freq_base(s.rope_freq_base)
     if s.arch == "llama":
         w.add_rope_dimension_count(s.head_dim)
-    if s.arch in ("qwen3", "gemma3"):
+    if s.arch in ("qwen3", *GEMMA):
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
-    if s.arch == "gemma3" and s.sliding_window:
+    if s.arch in GEMMA and s.sliding_window:
         w.add_sliding_window(s.sliding_window)
+    if s.arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", 50.0)
+        w.add_float32("gemma2.final_logit_softcapping", 30.0)
+    if s.arch == "phi3":
+        w.add_rope_dimension_count(PHI3_ROT)
+        w.add_uint32("phi3.rope.scaling.original_context_length", PHI3_ORIG_CTX)
+        w.add_float32("phi3.rope.scaling.attn_factor", PHI3_ATTN_FACTOR)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -231,7 +252,7 @@ def _add_vocab(w, s: TinyModelSpec) -> None:
     w.add_unk_token_id(UNK_ID)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(s.arch != "gemma3")
+    w.add_add_space_prefix(s.arch not in GEMMA)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -252,29 +273,33 @@ def _tensors(s: TinyModelSpec):
     yield "output_norm.weight", _rand(s, "output_norm.weight", (d,), NORM_STD, 1.0)
     if not s.tie_embeddings:
         yield "output.weight", _rand(s, "output.weight", (s.n_vocab, d), s.embed_std)
+    if s.arch == "phi3":  # LongRoPE factors: >= 1, growing with the pair index as real ones do
+        half = PHI3_ROT // 2
+        for kind, top in (("short", 2.0), ("long", 8.0)):
+            yield f"rope_factors_{kind}.weight", np.geomspace(1.0, top, half).astype(np.float32)
     for i in range(s.n_layer):
         p = f"blk.{i}."
-        layer = [
-            ("attn_norm.weight", (d,), NORM_STD, 1.0),
-            ("attn_q.weight", (q_dim, d), WEIGHT_STD, 0.0),
-            ("attn_k.weight", (kv_dim, d), WEIGHT_STD, 0.0),
-            ("attn_v.weight", (kv_dim, d), WEIGHT_STD, 0.0),
-        ]
+        layer = [("attn_norm.weight", (d,), NORM_STD, 1.0)]
+        if s.arch == "phi3":
+            layer.append(("attn_qkv.weight", (q_dim + 2 * kv_dim, d), WEIGHT_STD, 0.0))
+        else:
+            layer += [("attn_q.weight", (q_dim, d), WEIGHT_STD, 0.0), ("attn_k.weight", (kv_dim, d), WEIGHT_STD, 0.0),
+                      ("attn_v.weight", (kv_dim, d), WEIGHT_STD, 0.0)]
         if s.arch == "qwen2":
             layer += [("attn_q.bias", (q_dim,), BIAS_STD, 0.0), ("attn_k.bias", (kv_dim,), BIAS_STD, 0.0),
                       ("attn_v.bias", (kv_dim,), BIAS_STD, 0.0)]
         if s.arch in ("qwen3", "gemma3"):
             layer += [("attn_q_norm.weight", (hd,), NORM_STD, 1.0), ("attn_k_norm.weight", (hd,), NORM_STD, 1.0)]
         layer.append(("attn_output.weight", (d, q_dim), WEIGHT_STD, 0.0))
-        if s.arch == "gemma3":
+        if s.arch in GEMMA:
             layer.append(("post_attention_norm.weight", (d,), NORM_STD, 1.0))
-        layer += [
-            ("ffn_norm.weight", (d,), NORM_STD, 1.0),
-            ("ffn_gate.weight", (f, d), WEIGHT_STD, 0.0),
-            ("ffn_up.weight", (f, d), WEIGHT_STD, 0.0),
-            ("ffn_down.weight", (d, f), WEIGHT_STD, 0.0),
-        ]
-        if s.arch == "gemma3":
+        layer.append(("ffn_norm.weight", (d,), NORM_STD, 1.0))
+        if s.arch == "phi3":
+            layer.append(("ffn_up.weight", (2 * f, d), WEIGHT_STD, 0.0))
+        else:
+            layer += [("ffn_gate.weight", (f, d), WEIGHT_STD, 0.0), ("ffn_up.weight", (f, d), WEIGHT_STD, 0.0)]
+        layer.append(("ffn_down.weight", (d, f), WEIGHT_STD, 0.0))
+        if s.arch in GEMMA:
             layer.append(("post_ffw_norm.weight", (d,), NORM_STD, 1.0))
         for name, shape, std, mean in layer:
             yield p + name, _rand(s, p + name, shape, std, mean)

@@ -117,13 +117,15 @@ def linears(x: np.ndarray, ws, biases=None) -> list[np.ndarray]:
 
 class CausalLM:
     """What every architecture's Model shares: embedding, output head, forward = logits(hidden(...)).
-    Subclasses set `Layer` (built as Layer(weights, index, config)) and implement `hidden`."""
+    Subclasses set `Layer` (built as Layer(weights, index, config)) and implement `hidden`.
+    ctx_size: the context the engine will run (some models pick tables by it: phi3's LongRoPE factors)."""
 
     Layer: type
 
-    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False, ctx_size: int | None = None):
         cfg = self.cfg = loaded.config
-        w = Weights(loaded, progress=progress)
+        self.ctx_size = ctx_size
+        w = self.weights = Weights(loaded, progress=progress)
         self.embed = Embedding(loaded)
         self.output = w.matrix("token_embd.weight" if cfg.tied_output else "output.weight")
         self.output_norm = w.vector("output_norm.weight")

@@ -1,5 +1,6 @@
-"""Gemma 3: QK-norm, 5:1 sliding-window/global layers (local rope base), scaled embeddings, GeGLU,
-pre- and post-norms around attention and FFN, tied output head."""
+"""Gemma 2 and 3: scaled embeddings, GeGLU, pre- and post-norms around attention and FFN, tied output head,
+sliding-window/global layers; Gemma 3 adds QK-norm and a local rope base (5:1 layers), Gemma 2 soft-caps the
+attention and final logits (1:1 layers)."""
 from __future__ import annotations
 
 import math
@@ -12,12 +13,13 @@ from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables
 
 
 class Layer:
-    def __init__(self, w: Weights, i: int, cfg=None):
+    def __init__(self, w: Weights, i: int, cfg):
         b = f"blk.{i}."
         self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
         self.post_attn_norm = w.vector(b + "post_attention_norm.weight")
         self.post_ffn_norm = w.vector(b + "post_ffw_norm.weight")
-        self.q_norm, self.k_norm = w.vector(b + "attn_q_norm.weight"), w.vector(b + "attn_k_norm.weight")
+        self.q_norm = w.vector(b + "attn_q_norm.weight") if cfg.qk_norm else None
+        self.k_norm = w.vector(b + "attn_k_norm.weight") if cfg.qk_norm else None
         self.wq, self.wk, self.wv = (w.matrix(b + f"attn_{x}.weight") for x in "qkv")
         self.wo = w.matrix(b + "attn_output.weight")
         self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
@@ -28,8 +30,8 @@ class Model(CausalLM):
 
     Layer = Layer
 
-    def __init__(self, loaded: LoadedModel, *, progress: bool = False):
-        super().__init__(loaded, progress=progress)
+    def __init__(self, loaded: LoadedModel, *, progress: bool = False, ctx_size: int | None = None):
+        super().__init__(loaded, progress=progress, ctx_size=ctx_size)
         self.embed_scale = np.float32(math.sqrt(self.cfg.d_model))
 
     def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
@@ -44,8 +46,10 @@ class Model(CausalLM):
             cos, sin = ropes[c.rope_base_local if local else c.rope_base]
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
             q, k, v = linears(h, (L.wq, L.wk, L.wv))
-            q = rmsnorm(q.reshape(T, c.n_heads, c.head_dim), L.q_norm, c.rms_eps)
-            k = rmsnorm(k.reshape(T, c.n_kv_heads, c.head_dim), L.k_norm, c.rms_eps)
+            q = q.reshape(T, c.n_heads, c.head_dim)
+            k = k.reshape(T, c.n_kv_heads, c.head_dim)
+            if L.q_norm is not None:
+                q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
             v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
             apply_rope(q, cos, sin, neox=True)
             apply_rope(k, cos, sin, neox=True)

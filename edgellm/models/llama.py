@@ -1,5 +1,5 @@
-"""Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm): RoPE, GQA, SwiGLU,
-optional separate output head."""
+"""Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm, smollm3 with NoPE layers, phi3 with
+fused attn_qkv / gate+up, partial rotary and LongRoPE factors): RoPE, GQA, SwiGLU, optional separate output head."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +12,38 @@ class Layer:
     def __init__(self, w: Weights, i: int, cfg):
         b = f"blk.{i}."
         self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
-        self.wq, self.wk, self.wv = (w.matrix(b + f"attn_{x}.weight") for x in "qkv")
-        self.bq, self.bk, self.bv = (w.vector(b + f"attn_{x}.bias") if cfg.bias else None for x in "qkv")
+        q, k = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        if cfg.fused_qkv:  # one matmul, split at the q / k / v boundaries
+            self.qkv, self.split = (w.matrix(b + "attn_qkv.weight"),), (q, q + k)
+        else:
+            self.qkv, self.split = tuple(w.matrix(b + f"attn_{x}.weight") for x in "qkv"), None
+        self.bias = tuple(w.vector(b + f"attn_{x}.bias") if cfg.bias else None for x in "qkv")
         self.q_norm = w.vector(b + "attn_q_norm.weight") if cfg.qk_norm else None
         self.k_norm = w.vector(b + "attn_k_norm.weight") if cfg.qk_norm else None
         self.wo = w.matrix(b + "attn_output.weight")
-        self.gate, self.up, self.down = (w.matrix(b + f"ffn_{x}.weight") for x in ("gate", "up", "down"))
+        # fused: ffn_up holds [gate; up] (ggml_swiglu of the stacked rows)
+        self.gate_up = (w.matrix(b + "ffn_up.weight"),) if cfg.fused_up else \
+            (w.matrix(b + "ffn_gate.weight"), w.matrix(b + "ffn_up.weight"))
+        self.down = w.matrix(b + "ffn_down.weight")
+
+    def qkv_proj(self, h: np.ndarray) -> list[np.ndarray]:
+        """(T, D) -> [q (T, H*hd), k (T, KVH*hd), v (T, KVH*vd)]."""
+        if self.split is None:
+            return linears(h, self.qkv, self.bias)
+        return [np.ascontiguousarray(y) for y in np.split(linear(h, self.qkv[0]), self.split, axis=1)]
+
+    def ffn(self, h: np.ndarray) -> np.ndarray:
+        gu = linears(h, self.gate_up)
+        if len(gu) == 1:
+            gu = [np.ascontiguousarray(y) for y in np.split(gu[0], 2, axis=1)]
+        return linear(swiglu(*gu), self.down)
+
+
+def uses_long_factors(cfg, ctx_size: int | None) -> bool:
+    """LongRoPE: llama.cpp takes the long factors when its context, padded up to a multiple of 256 (as
+    llama_context pads n_ctx), exceeds the original training context."""
+    ctx = ctx_size or cfg.n_ctx_train
+    return -(-ctx // 256) * 256 > cfg.rope_ctx_orig
 
 
 class Model(CausalLM):
@@ -25,25 +51,35 @@ class Model(CausalLM):
 
     Layer = Layer
 
+    def __init__(self, loaded, *, progress: bool = False, ctx_size: int | None = None):
+        super().__init__(loaded, progress=progress, ctx_size=ctx_size)
+        c = self.cfg
+        self.rope_factors = None
+        if c.rope_factors:
+            self.rope_factors = self.weights.vector(c.rope_factors[int(uses_long_factors(c, ctx_size))])
+
     def hidden(self, batch: ForwardBatch, kv) -> np.ndarray:
         """Final-normed hidden states (R, D) of batch.logit_rows; writes this step's K/V into kv."""
         c = self.cfg
         T = len(batch.tokens)
+        rot = c.n_rot or c.head_dim
         x = self.embed(batch.tokens)  # (T, D)
-        cos, sin = rope_tables(batch.positions, c.head_dim, c.rope_base, c.rope_scale)
+        cos, sin = rope_tables(batch.positions, rot, c.rope_base, c.rope_scale, factors=self.rope_factors,
+                               mscale=c.rope_mscale)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
-            q, k, v = linears(h, (L.wq, L.wk, L.wv), (L.bq, L.bk, L.bv))
+            q, k, v = L.qkv_proj(h)
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
             v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
             if L.q_norm is not None:
                 q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
-            apply_rope(q, cos, sin, neox=c.rope_neox)
-            apply_rope(k, cos, sin, neox=c.rope_neox)
+            if not c.rope_layers or c.rope_layers[i]:
+                # partial rotary: only the first `rot` dims of each head turn
+                apply_rope(q if rot == c.head_dim else q[..., :rot], cos, sin, neox=c.rope_neox)
+                apply_rope(k if rot == c.head_dim else k[..., :rot], cos, sin, neox=c.rope_neox)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if c.swa_layers[i] else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap)
             x = x + linear(a, L.wo)
-            h = rmsnorm(x, L.ffn_norm, c.rms_eps)
-            x = x + linear(swiglu(*linears(h, (L.gate, L.up))), L.down)
+            x = x + L.ffn(rmsnorm(x, L.ffn_norm, c.rms_eps))
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled

@@ -86,6 +86,9 @@ TINY_CONFIGS = [  # (file stem, arch, qtype)
     ("tiny_llama_q4_1", "llama", "Q4_1"),
     ("tiny_llama_q5_0", "llama", "Q5_0"),
     ("tiny_llama_q5_1", "llama", "Q5_1"),
+    ("tiny_gemma2", "gemma2", "F32"),
+    ("tiny_smollm3", "smollm3", "F32"),
+    ("tiny_phi3", "phi3", "F32"),
 ]
 # Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
 # to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
