@@ -27,6 +27,7 @@ class ArchSpec:
     window: int = 0  # sliding window when the file has no attention.sliding_window key (gemma2: 4096)
     softcaps: tuple[float, float] = (0.0, 0.0)  # (attention, final) logit soft-caps when the keys are missing
     no_rope_every: int = 0  # every n-th layer (il + 1 = n, 2n, ...) skips rotary embeddings (smollm3's NoPE)
+    moe_norm_topk: bool = False  # mixture of experts: the routed experts' softmax weights renormalised to sum 1
     hf_archs: tuple[str, ...] = ()  # HF config.json "architectures" converted to this arch (convert/<arch>.py)
 
 
@@ -35,6 +36,8 @@ ARCHS: dict[str, ArchSpec] = {
     "mistral": ArchSpec("llama", rope_neox=False),  # llama.cpp writes Mistral checkpoints as "llama"
     "qwen2": ArchSpec("llama", rope_neox=True, bias=True, hf_archs=("Qwen2ForCausalLM",)),
     "qwen3": ArchSpec("llama", rope_neox=True, qk_norm=True, hf_archs=("Qwen3ForCausalLM",)),
+    # mixture of experts (ffn_gate_inp router, ffn_{gate,up,down}_exps): qwen3 attention, top-k softmax routing
+    "qwen3moe": ArchSpec("llama", rope_neox=True, qk_norm=True, moe_norm_topk=True),
     "smollm3": ArchSpec("llama", rope_neox=False, no_rope_every=4),
     # phi3: fused attn_qkv and gate+up (ffn_up holds both), optional partial rotary and long/short rope factors
     "phi3": ArchSpec("llama", rope_neox=True),

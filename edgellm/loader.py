@@ -49,6 +49,10 @@ class ModelConfig:
     rope_mscale: float = 1.0  # cos/sin scale (rope.scaling.attn_factor)
     fused_qkv: bool = False  # one attn_qkv matrix (phi3) instead of attn_q/k/v
     fused_up: bool = False  # ffn_up holds gate and up stacked, no ffn_gate (phi3)
+    n_experts: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    n_experts_used: int = 0  # experts each token is routed to
+    d_ff_expert: int = 0  # one expert's FFN width
+    moe_norm_topk: bool = False  # routed weights renormalised to sum 1
     name: str = ""
     file_type: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
@@ -98,6 +102,11 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
     has_factors = all(f in tensors for f in factors)
     qk_dim = d_model // n_heads if n_layers in spec.qk_scale_layers else head_dim
     attn_cap, final_cap = spec.softcaps
+    n_exp = int(g("expert_count", 0) or 0)
+    n_used = int(g("expert_used_count", 0) or 0)
+    if n_exp and not 0 < n_used <= n_exp:
+        raise GGUFError(f"{path}: {arch}.expert_used_count = {n_used} must be in 1..{arch}.expert_count ({n_exp})")
+    d_ff_exp = int(g("expert_feed_forward_length", 0) or 0) or (int(r("feed_forward_length")) // max(n_used, 1))
     return ModelConfig(
         arch=arch, n_vocab=n_vocab, n_ctx_train=int(r("context_length")), d_model=d_model,
         n_layers=n_layers, d_ff=int(r("feed_forward_length")), n_heads=n_heads, n_kv_heads=n_kv,
@@ -113,6 +122,8 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         n_rot=n_rot, rope_layers=rope_layers, rope_factors=factors if has_factors else None,
         rope_ctx_orig=int(g("rope.scaling.original_context_length", r("context_length"))),
         rope_mscale=float(g("rope.scaling.attn_factor", 1.0) or 1.0),
+        n_experts=n_exp, n_experts_used=n_used, d_ff_expert=d_ff_exp if n_exp else 0,
+        moe_norm_topk=spec.moe_norm_topk,
         fused_qkv="blk.0.attn_qkv.weight" in tensors, fused_up="blk.0.ffn_gate.weight" not in tensors
         and "blk.0.ffn_up.weight" in tensors,
         name=str(meta.get("general.name", "")), file_type=meta.get("general.file_type"),
@@ -134,11 +145,15 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             shapes |= {b + "attn_q.weight": (q, d), b + "attn_k.weight": (k, d), b + "attn_v.weight": (v, d)}
         shapes |= {b + "attn_output.weight": (d, cfg.n_heads * vd), b + "ffn_norm.weight": (d,)}
-        if cfg.fused_up:
-            shapes[b + "ffn_up.weight"] = (2 * cfg.d_ff, d)
+        e, fe = cfg.n_experts, cfg.d_ff_expert
+        if e:  # router + 3-D expert tensors (n_expert, N, K)
+            shapes |= {b + "ffn_gate_inp.weight": (e, d), b + "ffn_gate_exps.weight": (e, fe, d),
+                       b + "ffn_up_exps.weight": (e, fe, d), b + "ffn_down_exps.weight": (e, d, fe)}
+        elif cfg.fused_up:
+            shapes |= {b + "ffn_up.weight": (2 * cfg.d_ff, d), b + "ffn_down.weight": (d, cfg.d_ff)}
         else:
-            shapes |= {b + "ffn_gate.weight": (cfg.d_ff, d), b + "ffn_up.weight": (cfg.d_ff, d)}
-        shapes[b + "ffn_down.weight"] = (d, cfg.d_ff)
+            shapes |= {b + "ffn_gate.weight": (cfg.d_ff, d), b + "ffn_up.weight": (cfg.d_ff, d),
+                       b + "ffn_down.weight": (d, cfg.d_ff)}
         if cfg.qk_norm:
             shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
         if cfg.gemma:

@@ -99,6 +99,9 @@ KEYS: tuple[Key, ...] = (  # order matters: a key that defines a quantity comes 
     _f32("{arch}.rope.scaling.factor", "model", lo=0.0),
     _f32("{arch}.rope.scaling.attn_factor", "model", **_POSITIVE),
     _u32("{arch}.rope.scaling.original_context_length", "model", lo=1, hi=2**31 - 1),
+    _u32("{arch}.expert_count", "model", lo=0, hi=1 << 12),
+    _u32("{arch}.expert_used_count", "model", lo=0, hi="{arch}.expert_count"),
+    _u32("{arch}.expert_feed_forward_length", "model", lo=1, hi=1 << 24),
     _f32("{arch}.attn_logit_softcapping", "model", lo=0.0),
     _f32("{arch}.final_logit_softcapping", "model", lo=0.0),
     # vocabulary (tokenizer.Tokenizer) and chat template (chat_template.ChatTemplate.from_metadata)

@@ -56,14 +56,30 @@ def _release_pages(g: GGUFFile, name: str) -> None:
         pass
 
 
+EXPERT = "#"  # "blk.0.ffn_up_exps.weight#3": expert 3's matrix of a 3-D (n_expert, N, K) tensor
+
+
+def matrix_source(g: GGUFFile, name: str):
+    """(tensor info, (N, K) shape, raw (N, row_bytes) bytes) of a matrix name: a 2-D tensor, or one expert's
+    slice `name#e` of a 3-D expert tensor (zero-copy views of the GGUF memmap)."""
+    base, _, e = name.partition(EXPERT)
+    t = g.tensors[base]
+    raw = g.tensor_bytes(base)
+    if not e:
+        return t, tuple(t.shape), raw
+    n = t.shape[1]
+    return t, tuple(t.shape[1:]), raw[int(e) * n:(int(e) + 1) * n]
+
+
 def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dict:
-    """PreparedWeight per tensor name, from the cache when possible (building it on first use)."""
+    """PreparedWeight per matrix name (see matrix_source), from the cache when possible (building it on first
+    use)."""
     from kernels_cpu import prepare_weight
     from kernels_cpu.matmul import PreparedWeight
 
     def fresh(name):
-        t = g.tensors[name]
-        return prepare_weight(g.tensor_bytes(name), t.qtype, t.shape)
+        t, shape, raw = matrix_source(g, name)
+        return prepare_weight(raw, t.qtype, shape)
 
     if os.environ.get("EDGELLM_WEIGHT_CACHE", "1") == "0":
         return {n: fresh(n) for n in names}
@@ -85,10 +101,10 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
     out = {}
     for name in names:
         e = index[name]
-        t = g.tensors[name]
+        t, shape2, raw = matrix_source(g, name)
         qs, sc = (data[off:off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
                   for off, shape, dt in (e["qs"], e["sc"]))
-        out[name] = PreparedWeight(t.qtype, tuple(t.shape), qs, sc, g.tensor_bytes(name))
+        out[name] = PreparedWeight(t.qtype, shape2, qs, sc, raw)
     return out
 
 
@@ -98,7 +114,7 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = base.with_suffix(f".bin.{os.getpid()}.part")
     index: dict = {META: _source(g)}
-    total = sum(g.tensors[n].n_bytes for n in names)
+    total = sum(matrix_source(g, n)[2].nbytes for n in names)
     with open(tmp, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, disable=not progress, leave=False,
                                     desc="preparing weights (first run only)") as bar:
         for name in names:
@@ -112,8 +128,8 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
                 f.write(arr.tobytes())
             index[name] = entry
             del pw
-            _release_pages(g, name)
-            bar.update(g.tensors[name].n_bytes)
+            _release_pages(g, name.partition(EXPERT)[0])
+            bar.update(matrix_source(g, name)[2].nbytes)
     os.replace(tmp, base.with_suffix(".bin"))
     base.with_suffix(".json").write_text(json.dumps(index))
     prune(base.parent, keep=base.name)

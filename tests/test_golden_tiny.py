@@ -26,7 +26,8 @@ def loaded_cases(tmp_path_factory):
 
 
 def test_cases_present():
-    assert {"tiny_llama", "tiny_qwen2", "tiny_gemma2", "tiny_smollm3", "tiny_phi3"} <= set(CASES)
+    assert {"tiny_llama", "tiny_qwen2", "tiny_gemma2", "tiny_smollm3", "tiny_phi3",
+            "tiny_qwen3moe"} <= set(CASES)
 
 
 def test_longrope_factor_choice():

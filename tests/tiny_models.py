@@ -14,6 +14,7 @@ Per-architecture choices mirror the real model families:
           no rope.freq_base_swa key (llama.cpp then uses 10000 for local layers), no add_space_prefix
   gemma2  gemma3 without q/k norms, every other layer local (sliding window 8), attention / final logit soft-caps
           50 / 30 written, key_length 128, tied embeddings
+  qwen3moe qwen3 attention, a mixture of 8 experts (FFN width 128) with top-2 routing, renormalised weights
   smollm3 llama with tied embeddings and 4 layers: every 4th layer (layer 3) has no rotary embedding (NoPE)
   phi3    fused attn_qkv and ffn_up ([gate; up]), partial rotary (48 of 64 dims), LongRoPE short/long factors
           (rope_factors_short/long.weight, original context 128 < the 256 trained: llama.cpp pads every
@@ -41,10 +42,14 @@ _DEFAULTS: dict[str, dict] = {
                "sliding_window": 8, "embed_std": 0.03},
     "gemma2": {"n_layer": 4, "head_dim": 128, "rope_freq_base": 10000.0, "rms_eps": 1e-6, "tie_embeddings": True,
                "sliding_window": 8, "embed_std": 0.03},
+    "qwen3moe": {"n_layer": 2, "head_dim": 128, "rope_freq_base": 1000000.0, "rms_eps": 1e-6,
+                 "tie_embeddings": True},
     "smollm3": {"n_layer": 4, "head_dim": 64, "rope_freq_base": 5000000.0, "rms_eps": 1e-6, "tie_embeddings": True},
     "phi3": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 10000.0, "rms_eps": 1e-5, "tie_embeddings": False},
 }
 PHI3_ROT, PHI3_ORIG_CTX, PHI3_ATTN_FACTOR = 48, 128, 1.19
+MOE_EXPERTS, MOE_USED, MOE_FF = 8, 2, 128
+ROUTER_STD = 0.5  # router logits ~ N(0, 0.5 * sqrt(d)): clear top-2 choices, a different pair per token
 GEMMA = ("gemma2", "gemma3")
 ARCHS = tuple(_DEFAULTS)  # the archs a tiny model can be written for (tests/test_architectures.py: all we convert)
 
@@ -162,7 +167,7 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
     w.add_rope_freq_base(s.rope_freq_base)
     if s.arch == "llama":
         w.add_rope_dimension_count(s.head_dim)
-    if s.arch in ("qwen3", *GEMMA):
+    if s.arch in ("qwen3", "qwen3moe", *GEMMA):
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     if s.arch in GEMMA and s.sliding_window:
@@ -170,6 +175,10 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
     if s.arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 50.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
+    if s.arch == "qwen3moe":
+        w.add_expert_count(MOE_EXPERTS)
+        w.add_expert_used_count(MOE_USED)
+        w.add_expert_feed_forward_length(MOE_FF)
     if s.arch == "phi3":
         w.add_rope_dimension_count(PHI3_ROT)
         w.add_uint32("phi3.rope.scaling.original_context_length", PHI3_ORIG_CTX)
@@ -288,7 +297,7 @@ def _tensors(s: TinyModelSpec):
         if s.arch == "qwen2":
             layer += [("attn_q.bias", (q_dim,), BIAS_STD, 0.0), ("attn_k.bias", (kv_dim,), BIAS_STD, 0.0),
                       ("attn_v.bias", (kv_dim,), BIAS_STD, 0.0)]
-        if s.arch in ("qwen3", "gemma3"):
+        if s.arch in ("qwen3", "qwen3moe", "gemma3"):
             layer += [("attn_q_norm.weight", (hd,), NORM_STD, 1.0), ("attn_k_norm.weight", (hd,), NORM_STD, 1.0)]
         layer.append(("attn_output.weight", (d, q_dim), WEIGHT_STD, 0.0))
         if s.arch in GEMMA:
@@ -296,9 +305,16 @@ def _tensors(s: TinyModelSpec):
         layer.append(("ffn_norm.weight", (d,), NORM_STD, 1.0))
         if s.arch == "phi3":
             layer.append(("ffn_up.weight", (2 * f, d), WEIGHT_STD, 0.0))
+        elif s.arch == "qwen3moe":
+            e, fe = MOE_EXPERTS, MOE_FF
+            layer += [("ffn_gate_inp.weight", (e, d), ROUTER_STD / np.sqrt(d) * 4, 0.0),
+                      ("ffn_gate_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
+                      ("ffn_up_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
+                      ("ffn_down_exps.weight", (e, d, fe), WEIGHT_STD, 0.0)]
         else:
             layer += [("ffn_gate.weight", (f, d), WEIGHT_STD, 0.0), ("ffn_up.weight", (f, d), WEIGHT_STD, 0.0)]
-        layer.append(("ffn_down.weight", (d, f), WEIGHT_STD, 0.0))
+        if s.arch != "qwen3moe":
+            layer.append(("ffn_down.weight", (d, f), WEIGHT_STD, 0.0))
         if s.arch in GEMMA:
             layer.append(("post_ffw_norm.weight", (d,), NORM_STD, 1.0))
         for name, shape, std, mean in layer:

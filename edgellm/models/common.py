@@ -51,14 +51,26 @@ class Weights:
         from edgellm.weight_cache import prepare_all
 
         self._g = g = loaded.gguf
-        names = [n for n, shape in expected_shapes(loaded.config).items() if len(shape) == 2
-                 and (n != "token_embd.weight" or loaded.config.tied_output)]  # untied: lookup only
+        from edgellm.weight_cache import EXPERT
+
+        names = []
+        for n, shape in expected_shapes(loaded.config).items():
+            if len(shape) == 3:  # experts: one prepared matrix each, only the routed ones are read per token
+                names += [f"{n}{EXPERT}{e}" for e in range(shape[0])]
+            elif len(shape) == 2 and (n != "token_embd.weight" or loaded.config.tied_output):  # untied: lookup only
+                names.append(n)
         names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
         self._matrices = prepare_all(g, names, progress=progress)
 
     def matrix(self, name: str):
         """The prepared (repacked, memory-mapped when cached) weight of a 2-D tensor."""
         return self._matrices[name]
+
+    def experts(self, name: str, n: int) -> list:
+        """The prepared per-expert matrices of a 3-D (n_expert, N, K) tensor."""
+        from edgellm.weight_cache import EXPERT
+
+        return [self._matrices[f"{name}{EXPERT}{e}"] for e in range(n)]
 
     def vector(self, name: str) -> np.ndarray:
         t = self._g.tensors[name]

@@ -1,10 +1,12 @@
-"""Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm, smollm3 with NoPE layers, phi3 with
-fused attn_qkv / gate+up, partial rotary and LongRoPE factors): RoPE, GQA, SwiGLU, optional separate output head."""
+"""Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm, qwen3moe with routed experts
+(models/moe.py), smollm3 with NoPE layers, phi3 with fused attn_qkv / gate+up, partial rotary and LongRoPE
+factors): RoPE, GQA, SwiGLU, optional separate output head."""
 from __future__ import annotations
 
 import numpy as np
 
 from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
+from edgellm.models.moe import MoEFFN
 from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
 
 
@@ -21,10 +23,11 @@ class Layer:
         self.q_norm = w.vector(b + "attn_q_norm.weight") if cfg.qk_norm else None
         self.k_norm = w.vector(b + "attn_k_norm.weight") if cfg.qk_norm else None
         self.wo = w.matrix(b + "attn_output.weight")
-        # fused: ffn_up holds [gate; up] (ggml_swiglu of the stacked rows)
-        self.gate_up = (w.matrix(b + "ffn_up.weight"),) if cfg.fused_up else \
-            (w.matrix(b + "ffn_gate.weight"), w.matrix(b + "ffn_up.weight"))
-        self.down = w.matrix(b + "ffn_down.weight")
+        self.moe = MoEFFN(w, b, cfg) if cfg.n_experts else None
+        if self.moe is None:  # fused: ffn_up holds [gate; up] (ggml_swiglu of the stacked rows)
+            self.gate_up = (w.matrix(b + "ffn_up.weight"),) if cfg.fused_up else \
+                (w.matrix(b + "ffn_gate.weight"), w.matrix(b + "ffn_up.weight"))
+            self.down = w.matrix(b + "ffn_down.weight")
 
     def qkv_proj(self, h: np.ndarray) -> list[np.ndarray]:
         """(T, D) -> [q (T, H*hd), k (T, KVH*hd), v (T, KVH*vd)]."""
@@ -33,6 +36,8 @@ class Layer:
         return [np.ascontiguousarray(y) for y in np.split(linear(h, self.qkv[0]), self.split, axis=1)]
 
     def ffn(self, h: np.ndarray) -> np.ndarray:
+        if self.moe is not None:
+            return self.moe(h)
         gu = linears(h, self.gate_up)
         if len(gu) == 1:
             gu = [np.ascontiguousarray(y) for y in np.split(gu[0], 2, axis=1)]

@@ -89,6 +89,7 @@ TINY_CONFIGS = [  # (file stem, arch, qtype)
     ("tiny_gemma2", "gemma2", "F32"),
     ("tiny_smollm3", "smollm3", "F32"),
     ("tiny_phi3", "phi3", "F32"),
+    ("tiny_qwen3moe", "qwen3moe", "F32"),
 ]
 # Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
 # to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
