@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiny_models import MOE_EXPERTS, MOE_USED, write_tiny_model
+from tiny_models import tiny_spec, write_tiny_model
+
+SPEC = tiny_spec("qwen3moe")
+MOE_EXPERTS, MOE_USED = SPEC.n_expert, SPEC.n_expert_used
 
 
 @pytest.fixture(scope="module")

@@ -43,12 +43,11 @@ _DEFAULTS: dict[str, dict] = {
     "gemma2": {"n_layer": 4, "head_dim": 128, "rope_freq_base": 10000.0, "rms_eps": 1e-6, "tie_embeddings": True,
                "sliding_window": 8, "embed_std": 0.03},
     "qwen3moe": {"n_layer": 2, "head_dim": 128, "rope_freq_base": 1000000.0, "rms_eps": 1e-6,
-                 "tie_embeddings": True},
+                 "tie_embeddings": True, "n_expert": 8, "n_expert_used": 2, "expert_ff": 128},
     "smollm3": {"n_layer": 4, "head_dim": 64, "rope_freq_base": 5000000.0, "rms_eps": 1e-6, "tie_embeddings": True},
     "phi3": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 10000.0, "rms_eps": 1e-5, "tie_embeddings": False},
 }
 PHI3_ROT, PHI3_ORIG_CTX, PHI3_ATTN_FACTOR = 48, 128, 1.19
-MOE_EXPERTS, MOE_USED, MOE_FF = 8, 2, 128
 ROUTER_STD = 0.5  # router logits ~ N(0, 0.5 * sqrt(d)): clear top-2 choices, a different pair per token
 GEMMA = ("gemma2", "gemma3")
 ARCHS = tuple(_DEFAULTS)  # the archs a tiny model can be written for (tests/test_architectures.py: all we convert)
@@ -83,6 +82,9 @@ class TinyModelSpec:
     tie_embeddings: bool
     sliding_window: int | None
     embed_std: float
+    n_expert: int = 0  # qwen3moe: experts per layer, experts per token, one expert's FFN width
+    n_expert_used: int = 0
+    expert_ff: int = 0
 
 
 def tiny_spec(arch: str, *, seed: int = 0, qtype: str = "F32", n_vocab: int = 512, d_model: int = 256,
@@ -94,6 +96,8 @@ def tiny_spec(arch: str, *, seed: int = 0, qtype: str = "F32", n_vocab: int = 51
     params = dict(_DEFAULTS[arch])
     params.setdefault("sliding_window", None)
     params.setdefault("embed_std", EMBED_STD)
+    for k in ("n_expert", "n_expert_used", "expert_ff"):
+        params.setdefault(k, 0)
     unknown = set(overrides) - set(params)
     if unknown:
         raise TypeError(f"unknown tiny-model option(s): {sorted(unknown)}")
@@ -116,7 +120,8 @@ def write_tiny_model(path: str | Path, arch: str, *, seed: int = 0, qtype: str =
 
     qtype: storage type of the 2-D weight matrices ("F32", "F16", "BF16", "Q8_0", "Q4_0", ... anything
     gguf.quants.quantize implements); 1-D tensors (norms, biases) stay F32.
-    overrides: n_layer, head_dim, rope_freq_base, rms_eps, tie_embeddings, sliding_window (gemma3), embed_std.
+    overrides: n_layer, head_dim, rope_freq_base, rms_eps, tie_embeddings, sliding_window (gemma3), embed_std,
+    n_expert / n_expert_used / expert_ff (qwen3moe).
     """
     spec = tiny_spec(arch, seed=seed, qtype=qtype, n_vocab=n_vocab, d_model=d_model, d_ff=d_ff, n_head=n_head,
                      n_kv_head=n_kv_head, context_length=context_length, **overrides)
@@ -176,9 +181,9 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
         w.add_float32("gemma2.attn_logit_softcapping", 50.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
     if s.arch == "qwen3moe":
-        w.add_expert_count(MOE_EXPERTS)
-        w.add_expert_used_count(MOE_USED)
-        w.add_expert_feed_forward_length(MOE_FF)
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.expert_ff)
     if s.arch == "phi3":
         w.add_rope_dimension_count(PHI3_ROT)
         w.add_uint32("phi3.rope.scaling.original_context_length", PHI3_ORIG_CTX)
@@ -306,7 +311,7 @@ def _tensors(s: TinyModelSpec):
         if s.arch == "phi3":
             layer.append(("ffn_up.weight", (2 * f, d), WEIGHT_STD, 0.0))
         elif s.arch == "qwen3moe":
-            e, fe = MOE_EXPERTS, MOE_FF
+            e, fe = s.n_expert, s.expert_ff
             layer += [("ffn_gate_inp.weight", (e, d), ROUTER_STD / np.sqrt(d) * 4, 0.0),
                       ("ffn_gate_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
                       ("ffn_up_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
