@@ -26,7 +26,7 @@ def test_config_reads_the_experts(llm):
 
 
 def test_route_matches_a_plain_reference():
-    from edgellm.models.moe import route
+    from kernels_cpu.moe import route
 
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((32, 8)).astype(np.float32) * 2
@@ -37,13 +37,15 @@ def test_route_matches_a_plain_reference():
         top = sorted(range(8), key=lambda e: -p[e])[:2]
         assert list(sel[t]) == top
         np.testing.assert_allclose(w[t], p[top] / p[top].sum(), rtol=1e-6)
+    logits[0, :] = 0.5  # a tie everywhere: the lowest ids win
+    assert list(route(logits, 3, norm=True)[0][0]) == [0, 1, 2]
     _, raw = route(logits, 2, norm=False)
     assert not np.allclose(raw.sum(1), 1.0)  # without renormalising the top-2 keep their softmax mass
 
 
 def test_only_routed_experts_are_read(llm):
-    from edgellm.models.moe import route
     from edgellm.models.common import linear
+    from kernels_cpu.moe import route
 
     ffn = llm.model.layers[0].moe
     h = np.random.default_rng(1).standard_normal((3, llm.config.d_model)).astype(np.float32)

@@ -7,22 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgellm.models.common import linear, linears
+from kernels_cpu.moe import route
 from kernels_cpu.ops import swiglu
-
-WEIGHT_SUM_MIN = np.float32(6.103515625e-5)  # llama.cpp clamps the routed weights' sum (smallest f16 normal)
-
-
-def route(logits: np.ndarray, k: int, *, norm: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Router logits (T, E) -> (experts (T, k) int64, weights (T, k) float32): softmax, top-k by probability
-    (ties to the lower expert id), optionally renormalised to sum 1 as llama.cpp's build_moe_ffn does."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    p = np.exp(z, dtype=np.float32)
-    p /= p.sum(axis=1, keepdims=True, dtype=np.float32)
-    sel = np.argsort(-p, axis=1, kind="stable")[:, :k]  # (T, k)
-    w = np.take_along_axis(p, sel, axis=1)  # (T, k)
-    if norm:
-        w = w / np.maximum(w.sum(axis=1, keepdims=True, dtype=np.float32), WEIGHT_SUM_MIN)
-    return sel, w.astype(np.float32)
 
 
 class MoEFFN:
@@ -36,13 +22,22 @@ class MoEFFN:
         self.down = w.experts(prefix + "ffn_down_exps.weight", n)
         self.k, self.norm = cfg.n_experts_used, cfg.moe_norm_topk
 
+    def expert(self, e: int, x: np.ndarray) -> np.ndarray:
+        """Expert e's SwiGLU FFN of rows x (R, D) -> (R, D)."""
+        return linear(swiglu(*linears(x, (self.gate[e], self.up[e]))), self.down[e])
+
     def __call__(self, h: np.ndarray) -> np.ndarray:
         """(T, D) -> (T, D)."""
         sel, wts = route(linear(h, self.router), self.k, norm=self.norm)  # (T, k) each
+        if len(h) == 1:  # decode: one row, its experts in ascending id order as in the batched path below
+            order = np.argsort(sel[0])
+            out = np.zeros_like(h)
+            for j in order:
+                out += self.expert(int(sel[0, j]), h) * wts[0, j]
+            return out
         out = np.zeros_like(h)
         for e in np.unique(sel):  # ascending expert id: every row adds its experts in the same order
             rows, slot = np.nonzero(sel == e)
-            x = np.ascontiguousarray(h[rows])
-            y = linear(swiglu(*linears(x, (self.gate[e], self.up[e]))), self.down[e])  # (R, D)
+            y = self.expert(int(e), np.ascontiguousarray(h[rows]))  # (R, D)
             out[rows] += y * wts[rows, slot][:, None]
         return out
