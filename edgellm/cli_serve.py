@@ -26,11 +26,13 @@ from edgellm.errors import EdgeLLMError
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
               help="Worker threads (default: physical cores).")
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the file name).")
+@click.option("--no-webui", is_flag=True, help="Leave out the browser chat at / and the dashboard at /dashboard.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
-          log_level):
-    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
+          no_webui, log_level):
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...), with a
+    chat page at / and an engine dashboard at /dashboard.
 
     The port opens at once; /health answers 503 until the model is loaded."""
     try:
@@ -49,9 +51,11 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                   progress=False)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
-                     model_id=served_model_name)
+                     model_id=served_model_name, webui=not no_webui)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"edgellm: warning: listening on {host} without --api-key", err=True)
+    if not no_webui:
+        click.echo(f"edgellm: chat at http://{host}:{port}/ , dashboard at http://{host}:{port}/dashboard", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 

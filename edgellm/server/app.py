@@ -244,9 +244,10 @@ def _stream_response(gen: Generation, events: AsyncIterator[str]):
 
 # -- the app ------------------------------------------------------------------------------------------------
 def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = None, api_key: str | None = None,
-               max_queue: int = 64, model_id: str | None = None) -> FastAPI:
+               max_queue: int = 64, model_id: str | None = None, webui: bool = True) -> FastAPI:
     """The ASGI app. Pass a ready `llm` (tests share one), or `model` + `llm_kwargs` to load it in a background
-    thread at startup (/health answers 503 until it is ready)."""
+    thread at startup (/health answers 503 until it is ready). webui: the chat page at / and the dashboard
+    (edgellm/server/webui.py)."""
     state = ServerState(llm, model=model, llm_kwargs=llm_kwargs, api_key=api_key, max_queue=max_queue,
                         model_id=model_id)
 
@@ -323,6 +324,11 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     async def _internal_error(request: Request, e: Exception):
         log.exception("internal error")
         return JSONResponse(P.error_body(f"{type(e).__name__}: {e}", "server_error"), status_code=500)
+
+    if webui:
+        from edgellm.server.webui import register_webui
+
+        register_webui(app, state, guarded, ready)
 
     # -- service routes --
     @app.get("/health", response_model=P.Health, responses={503: {"model": P.Health}})

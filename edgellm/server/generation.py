@@ -76,9 +76,7 @@ class Generation:
         now = time.perf_counter()
         new = n - c.seen
         if new > 0:
-            if c.last_t is not None:
-                for _ in range(new):
-                    self.state.metrics.itl.observe((now - c.last_t) / new)
+            self.state.metrics.tokens_out(None if c.last_t is None else (now - c.last_t) / new, new)
             c.last_t, c.seen = now, n
 
     def cancel(self) -> None:

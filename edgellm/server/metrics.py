@@ -7,6 +7,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from edgellm.server.live import LiveStats
+
 # Latency buckets in seconds: CPU decode steps are ~10 ms to ~1 s; first tokens may wait behind a queue.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
@@ -65,12 +67,21 @@ class ServerMetrics:
         self.e2e = Histogram("edgellm_request_latency_seconds", "Time from arrival to the last token.",
                              buckets=TTFT_BUCKETS, registry=r)
         r.register(_EngineCollector(server))
+        self.live = LiveStats()  # the last minute, for the dashboard
 
     def finished(self, metrics: dict, finish_reason: str | None) -> None:
         """Account one finished engine request (Request.metrics())."""
+        self.live.request_done(metrics["ttft_s"], metrics["prompt_tokens"])
         self.prompt_tokens.inc(metrics["prompt_tokens"])
         self.generation_tokens.inc(metrics["completion_tokens"])
         self.requests.labels(finish_reason or "unknown").inc()
         if metrics["ttft_s"] is not None:
             self.ttft.observe(metrics["ttft_s"])
         self.e2e.observe(metrics["total_s"])
+
+    def tokens_out(self, gap_s: float | None, n: int) -> None:
+        """n tokens streamed out, gap_s seconds apart each since the previous piece (None: the first piece)."""
+        if gap_s is not None:
+            for _ in range(n):
+                self.itl.observe(gap_s)
+        self.live.tokens_out(gap_s, n)
