@@ -20,6 +20,7 @@ Byte layouts (little endian, f16 = IEEE half, one block):
     Q5_K  d dmin | scales[12] | qh[32] | qs[128]
     Q6_K  ql[128] | qh[64] | scales:i8[16] | d        x = d*sc*(q-32)
     Q8_K  d:f32 | qs:i8[256] | bsums:i16[16]          x = d*q
+    IQ4_NL, IQ4_XS, MXFP4: see quant/iquants.py
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from quant.errors import QuantTypeError
+from quant.iquants import IQUANTS as _IQUANTS
 from quant.kquants import KQUANTS as _KQUANTS
 from quant.types import FORMATS, QK_K, QuantType
 
@@ -324,6 +326,8 @@ _DEQUANT: dict[QuantType, Callable[[np.ndarray], np.ndarray]] = {
     QuantType.Q6_K: _deq_q6_k,
     QuantType.Q8_K: _deq_q8_k,
 }
+# IQ4_NL, IQ4_XS, MXFP4: quant/iquants.py
+_DEQUANT.update({QuantType(t): deq for t, (_, _, deq, _) in _IQUANTS.items()})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -434,6 +438,8 @@ _QUANT: dict[QuantType, Callable[[np.ndarray], np.ndarray]] = {
 }
 # k-quants (llama.cpp's quantize_row_qN_K_ref, bit-exact): quant/kquants.py
 _QUANT.update({QuantType(t): fn for t, fn in _KQUANTS.items()})
+# IQ4_NL / IQ4_XS (llama.cpp's quantize_iq4_* without imatrix, bit-exact) and MXFP4: quant/iquants.py
+_QUANT.update({QuantType(t): q for t, (_, _, _, q) in _IQUANTS.items()})
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -22,7 +22,10 @@ class QuantType(IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ4_NL = 20
+    IQ4_XS = 23
     BF16 = 30
+    MXFP4 = 39
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,16 @@ FORMATS: dict[QuantType, Format] = {
     QuantType.Q5_K: Format(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
     QuantType.Q6_K: Format(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
     QuantType.Q8_K: Format(QK_K, 4 + QK_K + QK_K // 16 * 2),
+    QuantType.IQ4_NL: Format(32, 2 + 16),
+    QuantType.IQ4_XS: Format(QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
+    QuantType.MXFP4: Format(32, 1 + 16),
 }
 
+# Formats with a NumPy reference (quant/iquants.py) but no matmul kernel yet: a model file using them is refused
+# with the named unsupported-type error until kernels_cpu has them.
+REFERENCE_ONLY = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4})
 # Types a model's weights may use (Q8_1 / Q8_K are activation-only formats in llama.cpp).
-WEIGHT_TYPES = frozenset(FORMATS) - {QuantType.Q8_1, QuantType.Q8_K}
+WEIGHT_TYPES = frozenset(FORMATS) - {QuantType.Q8_1, QuantType.Q8_K} - REFERENCE_ONLY
 
 
 def row_bytes(qtype: QuantType, n_elements: int) -> int:

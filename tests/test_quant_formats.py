@@ -187,6 +187,7 @@ def test_round_trip_error_is_small(qtype):
 
 
 def test_registries_cover_the_brief():
-    assert set(GGUF_DEQUANT_TYPES) | {QuantType.Q8_K} == set(supported_dequant_types())
+    iquants = {QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4}  # tests/test_iquants.py
+    assert set(GGUF_DEQUANT_TYPES) | {QuantType.Q8_K} | iquants == set(supported_dequant_types())
     kquants = {QuantType.Q2_K, QuantType.Q3_K, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K}  # tests/test_quantize.py
-    assert set(QUANT_TYPES) | kquants == set(supported_quant_types())
+    assert set(QUANT_TYPES) | kquants | iquants == set(supported_quant_types())
