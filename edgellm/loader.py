@@ -44,7 +44,8 @@ class ModelConfig:
     tied_output: bool
     n_rot: int = 0  # rotary dimensions (the first n_rot of each head; 0 = the whole head)
     rope_layers: tuple[bool, ...] = ()  # per layer: applies rotary embeddings (False: smollm3's NoPE layers)
-    rope_factors: tuple[str, str] | None = None  # (short, long) per-pair frequency-factor tensors (phi3 LongRoPE)
+    rope_factors: tuple[str, str] | None = None  # (short, long) per-pair frequency-factor tensors (phi3 LongRoPE;
+    # both rope_freqs.weight for Llama 3.1-style scaling)
     rope_ctx_orig: int = 0  # the context above which the long factors are used
     rope_mscale: float = 1.0  # cos/sin scale (rope.scaling.attn_factor)
     fused_qkv: bool = False  # one attn_qkv matrix (phi3) instead of attn_q/k/v
@@ -98,7 +99,9 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
     n_rot = int(g("rope.dimension_count", head_dim))
     every = spec.no_rope_every
     rope_layers = tuple(not every or (i + 1) % every != 0 for i in range(n_layers))
-    factors = ("rope_factors_short.weight", "rope_factors_long.weight")
+    factors = ("rope_factors_short.weight", "rope_factors_long.weight")  # phi3 LongRoPE: by context size
+    if "rope_freqs.weight" in tensors:  # Llama 3.1-style frequency factors: one table for every context
+        factors = ("rope_freqs.weight", "rope_freqs.weight")
     has_factors = all(f in tensors for f in factors)
     qk_dim = d_model // n_heads if n_layers in spec.qk_scale_layers else head_dim
     attn_cap, final_cap = spec.softcaps

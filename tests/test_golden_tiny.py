@@ -27,7 +27,7 @@ def loaded_cases(tmp_path_factory):
 
 def test_cases_present():
     assert {"tiny_llama", "tiny_qwen2", "tiny_gemma2", "tiny_smollm3", "tiny_phi3",
-            "tiny_qwen3moe"} <= set(CASES)
+            "tiny_qwen3moe", "tiny_llama3_rope"} <= set(CASES)
 
 
 def test_longrope_factor_choice():

@@ -82,6 +82,7 @@ class TinyModelSpec:
     tie_embeddings: bool
     sliding_window: int | None
     embed_std: float
+    llama3_rope: bool = False  # llama: Llama 3.1-style rope_freqs.weight (frequency factors, as convert writes)
     n_expert: int = 0  # qwen3moe: experts per layer, experts per token, one expert's FFN width
     n_expert_used: int = 0
     expert_ff: int = 0
@@ -98,6 +99,7 @@ def tiny_spec(arch: str, *, seed: int = 0, qtype: str = "F32", n_vocab: int = 51
     params.setdefault("embed_std", EMBED_STD)
     for k in ("n_expert", "n_expert_used", "expert_ff"):
         params.setdefault(k, 0)
+    params.setdefault("llama3_rope", False)
     unknown = set(overrides) - set(params)
     if unknown:
         raise TypeError(f"unknown tiny-model option(s): {sorted(unknown)}")
@@ -121,7 +123,7 @@ def write_tiny_model(path: str | Path, arch: str, *, seed: int = 0, qtype: str =
     qtype: storage type of the 2-D weight matrices ("F32", "F16", "BF16", "Q8_0", "Q4_0", ... anything
     gguf.quants.quantize implements); 1-D tensors (norms, biases) stay F32.
     overrides: n_layer, head_dim, rope_freq_base, rms_eps, tie_embeddings, sliding_window (gemma3), embed_std,
-    n_expert / n_expert_used / expert_ff (qwen3moe).
+    n_expert / n_expert_used / expert_ff (qwen3moe), llama3_rope (llama).
     """
     spec = tiny_spec(arch, seed=seed, qtype=qtype, n_vocab=n_vocab, d_model=d_model, d_ff=d_ff, n_head=n_head,
                      n_kv_head=n_kv_head, context_length=context_length, **overrides)
@@ -287,6 +289,12 @@ def _tensors(s: TinyModelSpec):
     yield "output_norm.weight", _rand(s, "output_norm.weight", (d,), NORM_STD, 1.0)
     if not s.tie_embeddings:
         yield "output.weight", _rand(s, "output.weight", (s.n_vocab, d), s.embed_std)
+    if s.llama3_rope:  # Llama 3.1's scaling (factor 8, original context 8192) as convert/common.py computes it
+        from convert.common import llama3_rope_factors
+
+        rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+        yield "rope_freqs.weight", llama3_rope_factors({"rope_scaling": rs, "rope_theta": s.rope_freq_base}, hd)
     if s.arch == "phi3":  # LongRoPE factors: >= 1, growing with the pair index as real ones do
         half = PHI3_ROT // 2
         for kind, top in (("short", 2.0), ("long", 8.0)):

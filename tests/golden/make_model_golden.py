@@ -75,7 +75,7 @@ PPL_LONG_CTX = 768  # > Gemma 3's 512-token sliding window: local layers must ma
 
 TINY_TEXT = "The quick brown fox jumps over the lazy dog. Caf\u00e9 #42!"
 TINY_N_TOKENS = 24
-TINY_CONFIGS = [  # (file stem, arch, qtype)
+TINY_CONFIGS = [  # (file stem, arch, qtype[, tiny_spec overrides])
     ("tiny_llama", "llama", "F32"),
     ("tiny_qwen2", "qwen2", "F32"),
     ("tiny_qwen3", "qwen3", "F32"),
@@ -90,6 +90,7 @@ TINY_CONFIGS = [  # (file stem, arch, qtype)
     ("tiny_smollm3", "smollm3", "F32"),
     ("tiny_phi3", "phi3", "F32"),
     ("tiny_qwen3moe", "qwen3moe", "F32"),
+    ("tiny_llama3_rope", "llama", "F32", {"llama3_rope": True}),  # rope_freqs.weight
 ]
 # Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
 # to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
@@ -435,10 +436,10 @@ def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str,
 
 def make_tiny(stems: set[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for stem, arch, qtype in TINY_CONFIGS:
+        for stem, arch, qtype, *more in TINY_CONFIGS:
             if stems is not None and stem not in stems:
                 continue
-            spec = tiny_spec(arch, seed=0, qtype=qtype)
+            spec = tiny_spec(arch, seed=0, qtype=qtype, **(more[0] if more else {}))
             path = write_spec(Path(tmp) / f"{stem}.gguf", spec)
             r = Runner(path, n_ctx=64, n_batch=64)
             text_ids = r.tokenize(TINY_TEXT)
