@@ -19,7 +19,7 @@ from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
 
 from edgellm.errors import GGUFError, UnsupportedQuantTypeError
 from edgellm.metadata_schema import alignment
-from quant.types import FORMATS, WEIGHT_TYPES, QuantType
+from quant.types import FORMATS, STORAGE_TYPES, QuantType
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_NESTING = 4  # arrays of arrays: deeper is a corrupt file (each level would recurse)
@@ -311,7 +311,7 @@ def _tensor_info(path: str, name: str, ne: list[int], type_id: int, offset: int,
         qtype = QuantType(type_id)
     except ValueError:
         raise UnsupportedQuantTypeError(f"{path}: tensor {name!r} has unsupported quant type id {type_id}") from None
-    if qtype not in WEIGHT_TYPES:
+    if qtype not in STORAGE_TYPES:
         raise UnsupportedQuantTypeError(f"{path}: tensor {name!r} has unsupported quant type {qtype.name}")
     fmt = FORMATS[qtype]
     if any(d <= 0 for d in ne) or ne[0] % fmt.block_size:

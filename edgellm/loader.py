@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from edgellm.architectures import ARCHS
-from edgellm.errors import GGUFError, UnsupportedModelError
+from edgellm.errors import GGUFError, UnsupportedModelError, UnsupportedQuantTypeError
 from edgellm.gguf_file import GGUFFile, TensorInfo, read_gguf
 from edgellm.metadata_schema import CheckedMetadata, check_metadata
+from quant.types import WEIGHT_TYPES
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ def validate_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], path: str
             raise UnsupportedModelError(f"{path}: missing tensor {name!r} for {cfg.arch}")
         if tuple(t.shape) != shape:
             raise GGUFError(f"{path}: tensor {name!r} has shape {t.shape}, the metadata implies {shape}")
+        if t.qtype not in WEIGHT_TYPES:
+            raise UnsupportedQuantTypeError(
+                f"{path}: tensor {name!r} is {t.qtype.name}, which edgellm reads and quantizes to but cannot run yet "
+                f"(no kernel); supported: {', '.join(sorted(q.name for q in WEIGHT_TYPES))}")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """llama.cpp's per-tensor type choice for a quantization mix ("Q4_K_M" ...), as data + small functions.
 
-Follows `llama_tensor_get_type` in llama.cpp's src/llama-quant.cpp for the non-IQ file types (dense models,
-no imatrix, no manual overrides). `plan_types` gives the type of every tensor of a model; the counters of
+Follows `llama_tensor_get_type` in llama.cpp's src/llama-quant.cpp for the non-IQ file types and IQ4_NL / IQ4_XS
+(dense models, no imatrix, no manual overrides). `plan_types` gives the type of every tensor of a model; the counters of
 attn_v / ffn_down tensors run in llama.cpp's tensor order (layer number, then name).
 """
 from __future__ import annotations
@@ -30,11 +30,13 @@ FTYPES: dict[str, Mix] = {
     "Q5_0": Mix(8, T.Q5_0), "Q5_1": Mix(9, T.Q5_1),
     "Q2_K": Mix(10, T.Q2_K), "Q3_K_S": Mix(11, T.Q3_K), "Q3_K_M": Mix(12, T.Q3_K), "Q3_K_L": Mix(13, T.Q3_K),
     "Q4_K_S": Mix(14, T.Q4_K), "Q4_K_M": Mix(15, T.Q4_K), "Q5_K_S": Mix(16, T.Q5_K), "Q5_K_M": Mix(17, T.Q5_K),
-    "Q6_K": Mix(18, T.Q6_K),
+    "Q6_K": Mix(18, T.Q6_K), "IQ4_NL": Mix(25, T.IQ4_NL), "IQ4_XS": Mix(30, T.IQ4_XS),
 }
+_IQ4 = ("IQ4_NL", "IQ4_XS")
 
 # tensor_type_fallback: a 256-block type whose row length is not a multiple of 256 -> a 32-block type
-_FALLBACK: dict[T, T] = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FALLBACK: dict[T, T] = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0,
+                         T.IQ4_XS: T.IQ4_NL}
 
 # category by name (tensor_get_category): first match wins
 _CATEGORIES: tuple[tuple[str, Callable[[str], bool]], ...] = (
@@ -107,6 +109,8 @@ def _attn_v(ft: str, t: T, s: _State) -> T:
         t = T.Q5_K if s.i_attn_v < 2 else T.Q4_K
     elif ft == "Q3_K_L":
         t = T.Q5_K
+    elif ft in _IQ4 and s.n_gqa >= 4:
+        t = T.Q5_K
     elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(s.i_attn_v, s.n_attn_v):
         t = T.Q6_K
     elif ft == "Q4_K_S" and s.i_attn_v < 4:
@@ -126,6 +130,8 @@ def _ffn_down(ft: str, t: T, s: _State) -> T:
     elif ft == "Q4_K_M":
         if use_more_bits(i, n):
             t = T.Q6_K
+    elif ft in _IQ4 and i < n // 8:  # without an imatrix
+        t = T.Q5_K
     elif ft == "Q5_K_M" and use_more_bits(i, n):
         t = T.Q6_K
     elif ft == "Q4_K_S" and i < n // 8:

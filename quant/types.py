@@ -60,11 +60,13 @@ FORMATS: dict[QuantType, Format] = {
     QuantType.MXFP4: Format(32, 1 + 16),
 }
 
-# Formats with a NumPy reference (quant/iquants.py) but no matmul kernel yet: a model file using them is refused
-# with the named unsupported-type error until kernels_cpu has them.
+# Types a GGUF file's tensors may have (Q8_1 / Q8_K are activation-only formats in llama.cpp).
+STORAGE_TYPES = frozenset(FORMATS) - {QuantType.Q8_1, QuantType.Q8_K}
+# Formats with a NumPy reference (quant/iquants.py: read, dequantize, quantize) but no matmul kernel yet: loading
+# a model that computes with them is refused with the named unsupported-type error until kernels_cpu has them.
 REFERENCE_ONLY = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4})
-# Types a model's weights may use (Q8_1 / Q8_K are activation-only formats in llama.cpp).
-WEIGHT_TYPES = frozenset(FORMATS) - {QuantType.Q8_1, QuantType.Q8_K} - REFERENCE_ONLY
+# Types a model's weights may use for inference.
+WEIGHT_TYPES = STORAGE_TYPES - REFERENCE_ONLY
 
 
 def row_bytes(qtype: QuantType, n_elements: int) -> int:

@@ -55,18 +55,17 @@ def test_round_trip_error_is_that_of_a_4_bit_format(name):
     assert 0.02 < err < 0.15, err
 
 
-def test_model_files_with_them_are_refused_by_name(tmp_path):
-    """No matmul kernel reads them yet: the loader names the type instead of failing later."""
+def test_models_using_them_are_refused_by_name(tmp_path):
+    """No matmul kernel reads them yet: the file reads (and requantizes), loading it for inference names the type."""
+    from convert.quantize_model import quantize_model
     from edgellm.errors import UnsupportedQuantTypeError
     from edgellm.gguf_file import read_gguf
+    from edgellm.loader import load_gguf
+    from tiny_models import write_tiny_model
 
     assert not set(TYPES.values()) & WEIGHT_TYPES
-    w = gguf.GGUFWriter(str(tmp_path / "iq.gguf"), "llama")
-    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    w.add_tensor("w", quantize(x, QuantType.IQ4_NL), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(UnsupportedQuantTypeError, match="IQ4_NL"):
-        read_gguf(tmp_path / "iq.gguf")
+    src = write_tiny_model(tmp_path / "f32.gguf", "llama")
+    quantize_model(src, tmp_path / "iq.gguf", "IQ4_NL")
+    assert read_gguf(tmp_path / "iq.gguf").tensors["blk.0.ffn_up.weight"].qtype == QuantType.IQ4_NL
+    with pytest.raises(UnsupportedQuantTypeError, match="IQ4_NL.*cannot run yet"):
+        load_gguf(str(tmp_path / "iq.gguf"))
