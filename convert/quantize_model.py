@@ -80,7 +80,8 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *
     n_head_kv = _first(meta.get(f"{arch}.attention.head_count_kv", n_head)) or n_head
     infos = list(g.tensors.values())
     types = plan_types([(t.name, t.shape, t.qtype) for t in infos], ftype, n_layers=n_layers,
-                       n_gqa=max(1, n_head // max(1, n_head_kv)), leave_output=leave_output_tensor)
+                       n_gqa=max(1, n_head // max(1, n_head_kv)), n_expert=int(_first(meta.get(f"{arch}.expert_count", 0))),
+                       leave_output=leave_output_tensor)
     requant = [t.name for t in infos if types[t.name] != t.qtype and t.qtype not in _FLOAT_TYPES]
     if requant and not allow_requantize:
         raise RequantizeError(f"{g.path}: tensor {requant[0]!r} is already quantized ({g.tensors[requant[0]].qtype.name}); "

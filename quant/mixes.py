@@ -31,6 +31,7 @@ FTYPES: dict[str, Mix] = {
     "Q2_K": Mix(10, T.Q2_K), "Q3_K_S": Mix(11, T.Q3_K), "Q3_K_M": Mix(12, T.Q3_K), "Q3_K_L": Mix(13, T.Q3_K),
     "Q4_K_S": Mix(14, T.Q4_K), "Q4_K_M": Mix(15, T.Q4_K), "Q5_K_S": Mix(16, T.Q5_K), "Q5_K_M": Mix(17, T.Q5_K),
     "Q6_K": Mix(18, T.Q6_K), "IQ4_NL": Mix(25, T.IQ4_NL), "IQ4_XS": Mix(30, T.IQ4_XS),
+    "MXFP4_MOE": Mix(38, T.MXFP4),  # expert tensors MXFP4, everything else Q8_0
 }
 _IQ4 = ("IQ4_NL", "IQ4_XS")
 
@@ -98,6 +99,7 @@ class _State:
     n_attn_v: int
     n_layers: int
     n_gqa: int
+    n_expert: int = 0
     i_attn_v: int = 0
     i_ffn_down: int = 0
 
@@ -115,6 +117,8 @@ def _attn_v(ft: str, t: T, s: _State) -> T:
         t = T.Q6_K
     elif ft == "Q4_K_S" and s.i_attn_v < 4:
         t = T.Q5_K
+    if s.n_expert == 8:  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
+        t = T.Q8_0
     s.i_attn_v += 1
     return t
 
@@ -141,6 +145,13 @@ def _ffn_down(ft: str, t: T, s: _State) -> T:
 
 
 _ATTN_OUTPUT: dict[str, T] = {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}
+_ATTN_OUTPUT_8_EXPERTS = frozenset({"Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"})
+
+
+def _attn_output(ft: str, t: T, s: _State) -> T:
+    if s.n_expert == 8:
+        return T.Q5_K if ft in _ATTN_OUTPUT_8_EXPERTS else t
+    return _ATTN_OUTPUT.get(ft, t)
 _ATTN_QKV: dict[str, T] = {"Q3_K_M": T.Q4_K, "Q3_K_L": T.Q4_K, "Q4_K_M": T.Q5_K, "Q5_K_M": T.Q6_K}
 
 
@@ -156,7 +167,8 @@ _RULES: dict[str, Callable[[str, T, _State], T]] = {
     "attn_kv_b": _attn_v,
     "attn_qkv": lambda ft, t, s: _ATTN_QKV.get(ft, _attn_v(ft, t, s)),
     "ffn_down": _ffn_down,
-    "attn_output": lambda ft, t, s: _ATTN_OUTPUT.get(ft, t),
+    "attn_output": _attn_output,
+    "attn_k": lambda ft, t, s: T.Q8_0 if s.n_expert == 8 else t,
 }
 
 
@@ -166,11 +178,11 @@ def _layer_of(name: str) -> int:
 
 
 def plan_types(tensors: list[tuple[str, tuple[int, ...], T]], ftype: str, *, n_layers: int, n_gqa: int = 1,
-               leave_output: bool = False) -> dict[str, T]:
+               n_expert: int = 0, leave_output: bool = False) -> dict[str, T]:
     """Target type per tensor for llama.cpp file type `ftype`.
 
     tensors: (name, row-major shape, current type) for every tensor of the model.
-    n_layers: `{arch}.block_count`; n_gqa: n_head // n_head_kv.
+    n_layers: `{arch}.block_count`; n_gqa: n_head // n_head_kv; n_expert: `{arch}.expert_count` (0: dense).
     """
     mix = FTYPES[ftype]
     default = mix.default
@@ -178,7 +190,8 @@ def plan_types(tensors: list[tuple[str, tuple[int, ...], T]], ftype: str, *, n_l
     names = {n for n, _, _ in tensors}
     tied = "output.weight" not in names
     cats = {n: tensor_category(n) for n in names}
-    state = _State(n_attn_v=sum(c in _ATTN_V_LIKE for c in cats.values()), n_layers=n_layers, n_gqa=n_gqa)
+    state = _State(n_attn_v=sum(c in _ATTN_V_LIKE for c in cats.values()), n_layers=n_layers, n_gqa=n_gqa,
+                   n_expert=n_expert)
     out: dict[str, T] = {}
     # llama.cpp visits tensors by layer number (non-layer tensors first), then by name: the counters follow that
     for name, shape, cur in sorted(tensors, key=lambda t: (_layer_of(t[0]), t[0])):
@@ -188,7 +201,9 @@ def plan_types(tensors: list[tuple[str, tuple[int, ...], T]], ftype: str, *, n_l
         t = default
         if quantized_default:
             cat = cats[name]
-            if cat == "output" or (tied and cat == "token_embd"):
+            if ftype == "MXFP4_MOE":  # llama.cpp: 3-D expert tensors MXFP4, all others (output included) Q8_0
+                t = T.MXFP4 if len(shape) >= 3 and shape[-3] > 1 and cat not in ("output", "token_embd") else T.Q8_0
+            elif cat == "output" or (tied and cat == "token_embd"):
                 t = _output(t, shape[-1])
             elif cat in _RULES:
                 t = _RULES[cat](ftype, t, state)

@@ -28,9 +28,10 @@ MODELS = {
     "llama": dict(arch="llama", d_model=256, d_ff=512),
     "llama_ff384": dict(arch="llama", d_model=256, d_ff=384),
     "gemma3": dict(arch="gemma3", d_model=256, d_ff=512, n_layer=6),
+    "qwen3moe": dict(arch="qwen3moe", d_model=256, d_ff=512),  # 8 experts: llama.cpp's 8-expert rules
 }
 FTYPES = ["F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
-          "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+          "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE"]
 
 
 def tensor_digests(path) -> dict:
