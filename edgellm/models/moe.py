@@ -31,9 +31,12 @@ class MoEFFN:
         sel, wts = route(linear(h, self.router), self.k, norm=self.norm)  # (T, k) each
         if len(h) == 1:  # decode: one row, its experts in ascending id order as in the batched path below
             order = np.argsort(sel[0])
+            es = [int(sel[0, j]) for j in order]
+            # every expert's gate and up from one quantization of the row (matmul_many shares it)
+            gu = linears(h, [m for e in es for m in (self.gate[e], self.up[e])])
             out = np.zeros_like(h)
-            for j in order:
-                out += self.expert(int(sel[0, j]), h) * wts[0, j]
+            for n, (e, j) in enumerate(zip(es, order)):
+                out += linear(swiglu(gu[2 * n], gu[2 * n + 1]), self.down[e]) * wts[0, j]
             return out
         out = np.zeros_like(h)
         for e in np.unique(sel):  # ascending expert id: every row adds its experts in the same order
