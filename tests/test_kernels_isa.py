@@ -219,3 +219,40 @@ def test_native_neon_decode_kernel():
     dot = "dotprod" in feats
     assert ("+dotprod" in (numba.config.CPU_FEATURES or "")) == dot
     check_neon_asm(_asm("native", "Q4_K"), dot, "Q4_K")
+
+
+def test_hwcap_bits_to_llvm_features():
+    from kernels_cpu.hwcap import AT_HWCAP, AT_HWCAP2, features_from_auxv
+
+    # a Cortex-A76 (Pi 5): fp, asimd, asimdhp, asimddp; a Neoverse V1 adds sve and (HWCAP2) i8mm, bf16
+    assert features_from_auxv({AT_HWCAP: 0b1 | 0b10 | 1 << 10 | 1 << 20}) == {"fp-armv8", "neon", "fullfp16",
+                                                                               "dotprod"}
+    assert features_from_auxv({AT_HWCAP: 1 << 22, AT_HWCAP2: 1 << 13 | 1 << 14}) == {"sve", "i8mm", "bf16"}
+    assert features_from_auxv({AT_HWCAP: 0b11}) == {"fp-armv8", "neon"}  # a Cortex-A72 (Pi 4): no dotprod
+
+
+@pytest.mark.skipif(not (ARM and platform.system() == "Linux"),
+                    reason="Linux aarch64's auxiliary vector (x86 glibc rewrites AT_HWCAP with its own bits)")
+def test_auxv_file_agrees_with_getauxval():
+    from kernels_cpu.hwcap import _auxv_file, _getauxval
+
+    assert _getauxval() == _auxv_file()
+
+
+def test_forced_isa_is_told_to_llvm_and_checked(monkeypatch):
+    """EDGELLM_ISA sets Numba's target to the forced set, and refuses a set this CPU lacks, naming what."""
+    import numba
+
+    from kernels_cpu import _jit
+
+    name, (cpu, feats) = max(_jit.FORCED_ISAS.items(), key=lambda kv: len(kv[1][1]))
+    monkeypatch.setattr(numba.config, "CPU_NAME", numba.config.CPU_NAME)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", numba.config.CPU_FEATURES)
+    monkeypatch.setenv("EDGELLM_ISA", name)
+    monkeypatch.setattr(_jit, "cpu_features", lambda: feats)
+    assert _jit._force_isa() == feats
+    assert numba.config.CPU_NAME == cpu and set(numba.config.CPU_FEATURES.split(",")) == {f"+{f}" for f in feats}
+    lacking = sorted(feats)[0]
+    monkeypatch.setattr(_jit, "cpu_features", lambda: feats - {lacking})
+    with pytest.raises(ValueError, match=f"lacks {lacking}"):
+        _jit._force_isa()
