@@ -119,7 +119,10 @@ U8_MIN_ROWS = 4
 # On AVX2 hosts without AVX-512 every quantized format but Q8_0 takes int8 activations: its unsigned codes
 # multiply them with vpmaddubsw (32 products per instruction, twice vpmaddwd's; see Emit.u8w_sums). Q8_0's
 # weights are signed, so it keeps int16 activations. Same integer sums, hence the same outputs.
-ACT_S8 = "avx2" in host_features() and "avx512bw" not in host_features()
+# On NEON (AArch64) every quantized format takes int8 activations, Q8_0 too (signed x signed: sdot, or smull +
+# sadalp without dotprod; see matmul_neon).
+ACT_S8 = ("avx2" in host_features() and "avx512bw" not in host_features()) or "neon" in host_features()
+S8_Q8_0 = "neon" in host_features()
 
 _NO_DX = np.zeros((1, 1), np.float32)
 _NO_BS = np.zeros((1, 1), np.int32)
@@ -155,7 +158,7 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
 def _act_dtype(pw: PreparedWeight, m: int):
     """Activation code type for m rows and weight pw: int8 (the unsigned-weight form, ACT_S8), uint8 (codes +
     128, the VNNI form, ACT_U8) or int16."""
-    if ACT_S8 and pw.qtype != QuantType.Q8_0:
+    if ACT_S8 and (pw.qtype != QuantType.Q8_0 or S8_Q8_0):
         return np.int8
     if ACT_U8 and pw._act_block == 32 and m >= U8_MIN_ROWS:
         return np.uint8

@@ -15,11 +15,11 @@ import numba
 import numpy as np
 
 from . import matmul_ir, matmul_k, matmul_q  # matmul_k / matmul_q register the IR bodies
-from ._jit import jit
+from ._jit import host_features, jit
 from .ops import f16_round
-from .matmul_ir import R, qdot
+from .matmul_ir import R, max_rows, qdot
 
-MB = 8  # activation rows per kernel call
+MB = 8  # activation rows per kernel call (at most)
 MT = 64  # activation rows per L2 tile
 
 
@@ -89,6 +89,9 @@ def make_driver(fmt: int, cache: bool = True):
     """The driver for one format: a closure over the literal `fmt` (Numba caches closures per value).
     cache=False gives a fresh dispatcher whose assembly can be inspected (tests)."""
     tag = SOURCE_TAG
+    # 8-row tiles where a pass takes 8 rows or two passes of 4 pay (x86); on NEON (4-row passes, a weight block
+    # re-decoded per pass costs little next to the sdot work) tiles of 4: half the code to compile
+    eight = max_rows() == 8 or "neon" not in host_features()
 
     def run_groups(y, xq, dx, bs, qs, sc, g0, g1):
         """y[:, 16*g0 : 16*g1] for row groups g0..g1-1 (see matmul._prepare_x for xq, dx, bs)."""
@@ -113,20 +116,20 @@ def make_driver(fmt: int, cache: bool = True):
                 m0 = mt
                 while m0 < me:
                     rem = me - m0  # tiles of 8, 4, 2, 1 rows: the same per-row arithmetic in each
-                    mb = MB if rem >= MB else (4 if rem >= 4 else (2 if rem >= 2 else 1))
+                    mb = MB if (eight and rem >= MB) else (4 if rem >= 4 else (2 if rem >= 2 else 1))
                     qo = g * NB * QB
                     so = g * NB * SB
                     xo = m0 * Kx
                     do = m0 * nbx
                     bo = m0 * nbs
-                    if mb == MB:
-                        qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
-                    elif mb == 4:
+                    if mb == 4:
                         qdot(fmt, 4, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
                     elif mb == 2:
                         qdot(fmt, 2, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
-                    else:
+                    elif mb == 1:
                         qdot(fmt, 1, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
+                    elif eight:  # pruned at compile time without 8-row tiles
+                        qdot(fmt, MB, facc, xf, xo, Kx, dxf, do, nbx, bsf, bo, nbs, qsf, qo, scf, so, NB, QB, SB, BS)
                     n0 = g * R
                     nr = min(R, N - n0)
                     for i in range(mb):

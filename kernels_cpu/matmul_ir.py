@@ -37,18 +37,18 @@ def V(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def slice_width() -> int:
+def slice_width(feats: frozenset[str] | None = None) -> int:
     """Rows of a group handled per pass (W): 16 with AVX-512 (one zmm of floats), else 8 (one ymm / two NEON
     q registers). A narrower pass keeps the accumulators and weight vectors of a block in registers."""
-    feats = host_features()
+    feats = host_features() if feats is None else feats
     return R if "avx512bw" in feats and "avx512f" in feats else 8
 
 
-def max_rows() -> int:
+def max_rows(feats: frozenset[str] | None = None) -> int:
     """Activation rows per pass over K: 8 with AVX-512's 32 registers, 4 otherwise. The decode pass (1 row)
     never spills; 4 rows spill a few vectors on AVX2 but beat 2 passes of 2 (re-decoding the weights costs more;
     forced AVX2 here, 8 rows: Q5_0 2048x640 0.134 -> 0.110 ms)."""
-    return 8 if slice_width() == R else 4
+    return 8 if slice_width(feats) == R else 4
 
 
 
@@ -57,26 +57,29 @@ class Emit:
     """IR helpers bound to one intrinsic call site: pointers into the flat arrays and vector ops on the current
     slice of W rows of the 16-row group (rows lane0 .. lane0+W-1)."""
 
-    def __init__(self, context, builder, sig, args, w: int):
+    def __init__(self, builder, ptrs, offs, xdtype: str, w: int, feats: frozenset[str]):
+        """ptrs: byte pointers (facc, xq, dx, bs, qs, sc); offs: i64 values (xoff, xstride, dxoff, dxstride,
+        bsoff, bsstride, qoff, soff); xdtype: the activation codes' type ('int16', 'uint8', 'int8'); feats: the
+        target's LLVM feature names (which instructions the bodies use)."""
         self.b = builder
         self.w = w
         self.lane0 = 0
-        (_, _, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc, soff) = args[:16]
-        aty = sig.args
-
-        def data(i, v):
-            return builder.bitcast(context.make_array(aty[i])(context, builder, v).data, I8.as_pointer())
-
-        self.facc = data(2, facc)
-        self.xq, self.xoff, self.xstride = data(3, xq), xoff, xstride
+        self.feats = feats
+        self.neon = "neon" in feats  # AArch64 NEON bodies (smull / sadalp; sdot with dotprod)
+        self.dotprod = self.neon and "dotprod" in feats
+        facc, xq, dx, bs, qs, sc = ptrs
+        xoff, xstride, dxoff, dxstride, bsoff, bsstride, qoff, soff = offs
+        self.facc = facc
+        self.xq, self.xoff, self.xstride = xq, xoff, xstride
         # uint8 activations (codes + 128): the 32-block formats' u8 x s8 form (see xquad / dpbusd)
-        self.x_u8 = aty[3].dtype == types.uint8
-        # int8 activations: the unsigned-weight form (codes u8 x activations s8, vpmaddubsw; see maddubs)
-        self.x_s8 = aty[3].dtype == types.int8
-        self.dx, self.dxoff, self.dxstride = data(6, dx), dxoff, dxstride
-        self.bs, self.bsoff, self.bsstride = data(9, bs), bsoff, bsstride
-        self.qs = builder.gep(data(12, qs), [qoff])
-        self.sc = builder.gep(data(14, sc), [soff])
+        self.x_u8 = xdtype == "uint8"
+        # int8 activations: the unsigned-weight form (codes u8 x activations s8, vpmaddubsw; see maddubs), and
+        # on NEON every quantized format's form (matmul_neon.s8_sums)
+        self.x_s8 = xdtype == "int8"
+        self.dx, self.dxoff, self.dxstride = dx, dxoff, dxstride
+        self.bs, self.bsoff, self.bsstride = bs, bsoff, bsstride
+        self.qs = builder.gep(qs, [qoff])
+        self.sc = builder.gep(sc, [soff])
         # <W x float> output accumulators of the mb rows (SSA values carried across the K blocks): bodies
         # add their block's scaled integer sums with e.acc[i] = e.fma(..., e.acc[i]).
         self.acc: list = []
@@ -205,9 +208,17 @@ class Emit:
         v = self.load(self.qs, off, I32)
         if self.lane0:
             v = b.lshr(v, ir.Constant(I32, 2 * self.lane0))
-        if 2 * self.w < 32:
-            v = b.trunc(v, ir.IntType(2 * self.w))
-        return b.zext(b.bitcast(v, V(I1, 2 * self.w)), V(I8, 2 * self.w))
+        n = 2 * self.w
+        if self.neon and n % 8 == 0:  # byte j of the flag bytes tested against its bit: dup + cmtst, no i1 lanes
+            nbytes = n // 8
+            by = b.bitcast(b.trunc(v, ir.IntType(n)), V(I8, nbytes)) if n < 32 else b.bitcast(v, V(I8, 4))
+            rep = b.shuffle_vector(by, ir.Constant(by.type, ir.Undefined), ir.Constant(V(I32, n),
+                                                                                       [j // 8 for j in range(n)]))
+            hit = b.and_(rep, ir.Constant(V(I8, n), [1 << (j % 8) for j in range(n)]))
+            return b.zext(b.icmp_unsigned("!=", hit, ir.Constant(V(I8, n), [0] * n)), V(I8, n))
+        if n < 32:
+            v = b.trunc(v, ir.IntType(n))
+        return b.zext(b.bitcast(v, V(I1, n)), V(I8, n))
 
     def f16x16(self, off):
         """The slice's f16 values of the 16 at byte offset off of the scale block, as <W x float>."""
@@ -238,7 +249,7 @@ class Emit:
         return self.b.sext(v, V(I16, 2 * self.w))
 
     def _x86(self, name, ret, args):
-        """Call an x86 intrinsic declared on demand."""
+        """Call a target intrinsic (x86 or AArch64) declared on demand."""
         mod = self.b.module
         fn = mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ret, [a.type for a in args]), name)
         return self.b.call(fn, args)
@@ -260,7 +271,7 @@ class Emit:
     def pmadd(self, w16, x16):
         """Pairwise multiply-add <2W x i16> x <2W x i16> -> <W x i32> (vpmaddwd)."""
         b = self.b
-        feats = host_features()
+        feats = self.feats
         n = w16.type.count
         if "avx512bw" in feats and n == 32:
             return self._x86("llvm.x86.avx512.pmaddw.d.512", V(I32, 16), [w16, x16])
@@ -278,7 +289,7 @@ class Emit:
         """<2W x i8> unsigned weight codes x <2W x i8> signed activations -> <W x i16>, lane r = the sum of the
         two products of row r (vpmaddubsw). Callers keep the codes small enough that no sum saturates."""
         b = self.b
-        feats = host_features()
+        feats = self.feats
         n = wu8.type.count
         if "avx2" in feats and n == 32:
             return self._x86("llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [wu8, xs8])
@@ -351,7 +362,7 @@ class Emit:
 
     def _vnni(self, op: str):
         """Name of the VNNI intrinsic op ('vpdpwssd' / 'vpdpbusd') for this slice width, or None."""
-        feats = host_features()
+        feats = self.feats
         if self.w == 16 and "avx512vnni" in feats:
             return f"llvm.x86.avx512.{op}.512"
         if self.w == 8 and ("avxvnni" in feats or {"avx512vnni", "avx512vl"} <= feats):
@@ -397,6 +408,17 @@ class Emit:
 
     def mul(self, a, c):
         return self.b.mul(a, c)
+
+    def mul16(self, a, c):
+        """a * c for <W x i32> lanes that fit int16 (exact): on NEON one widening multiply per 4 lanes (smull
+        4h -> 4s) instead of a 32-bit mul."""
+        if not self.neon:
+            return self.b.mul(a, c)
+        b = self.b
+        h = ir.VectorType(I16, 4)
+        parts = [self._x86("llvm.aarch64.neon.smull.v4i32", V(I32, 4), [b.trunc(u, h), b.trunc(v, h)])
+                 for u, v in zip(self._chunks(a, 4), self._chunks(c, 4))]
+        return self._join(parts)
 
     def fmul(self, a, c):
         return self.b.fmul(a, c)
@@ -448,6 +470,48 @@ def _tune(context, fn) -> None:
         set.add(fn.attributes, attr)  # string attribute: llvmlite only validates enum attributes
 
 
+def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, qb, sb, xe,
+              feats: frozenset[str]) -> None:
+    """The IR of qdot (see there) at builder: ptrs / offs / xdtype as Emit takes them, nblocks, qb, sb, xe: i64
+    values, feats: the target's features."""
+    emit = BODIES[fmt]
+    s8 = xdtype == "int8" and "neon" not in feats  # the unsigned-weight form works on whole 32-byte vectors
+    w = R if s8 else slice_width(feats)
+    e = Emit(builder, ptrs, offs, xdtype, w, feats)
+    zero = ir.Constant(V(F32, w), [0.0] * w)
+    step_rows = max_rows(feats)
+    # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers
+    for lane0 in range(0, R, w):
+        for row0 in range(0, nrows, step_rows):
+            n = min(step_rows, nrows - row0)
+            part = e.part(lane0, row0)
+
+            def step(b, accs, part=part, n=n):
+                view = part.block(b, qb, sb, xe)
+                view.acc = list(accs)
+                emit(view, n)
+                return view.acc
+
+            outs = e.loop(nblocks, step, [zero] * n)
+            for i, a in enumerate(outs):
+                e.store(e.wide(a), e.facc, ((row0 + i) * R + lane0) * 8)
+
+
+def qdot_module(fmt: int, nrows: int, xdtype: str, triple: str, feats: frozenset[str]) -> ir.Module:
+    """A stand-alone LLVM module with one function `qdot(facc, xq, dx, bs, qs, sc, xoff, xstride, dxoff,
+    dxstride, bsoff, bsstride, qoff, soff, nblocks, qbytes, sbytes, xelems)` holding qdot's IR for a target
+    (triple, LLVM features): to read the kernels' assembly for a CPU other than the host's (tests)."""
+    mod = ir.Module(name=f"qdot_{fmt}_{nrows}")
+    mod.triple = triple
+    p8 = I8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8] * 6 + [I64] * 12), "qdot")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    a = fn.args
+    emit_qdot(builder, fmt, nrows, a[:6], a[6:14], xdtype, *a[14:18], feats)
+    builder.ret_void()
+    return mod
+
+
 @intrinsic(prefer_literal=True)
 def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, bsoff, bsstride, qs, qoff, sc,
          soff, nb, qbytes, sbytes, xelems):
@@ -455,34 +519,20 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
     sc + b*sbytes, activation element b*xelems); writes the mb x 16 outputs to facc as float64."""
     if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
         return None
-    emit = BODIES[fmt.literal_value]
-    nrows = mb.literal_value
     i64 = types.int64
     sig = types.void(fmt, mb, facc, xq, i64, i64, dx, i64, i64, bs, i64, i64, qs, i64, sc, i64, i64, i64, i64, i64)
 
     def codegen(context, builder, signature, args):
         _tune(context, builder.function)
-        s8 = signature.args[3].dtype == types.int8  # the unsigned-weight form works on whole 32-byte vectors
-        w = R if s8 else slice_width()
-        e = Emit(context, builder, signature, args, w)
-        nblocks, qb, sb, xe = args[16:20]
-        zero = ir.Constant(V(F32, w), [0.0] * w)
-        step_rows = max_rows()
-        # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers
-        for lane0 in range(0, R, w):
-            for row0 in range(0, nrows, step_rows):
-                n = min(step_rows, nrows - row0)
-                part = e.part(lane0, row0)
+        aty = signature.args
 
-                def step(b, accs, part=part, n=n):
-                    view = part.block(b, qb, sb, xe)
-                    view.acc = list(accs)
-                    emit(view, n)
-                    return view.acc
+        def data(i):
+            return builder.bitcast(context.make_array(aty[i])(context, builder, args[i]).data, I8.as_pointer())
 
-                outs = e.loop(nblocks, step, [zero] * n)
-                for i, a in enumerate(outs):
-                    e.store(e.wide(a), e.facc, ((row0 + i) * R + lane0) * 8)
+        ptrs = [data(i) for i in (2, 3, 6, 9, 12, 14)]
+        offs = [args[i] for i in (4, 5, 7, 8, 10, 11, 13, 15)]
+        emit_qdot(builder, fmt.literal_value, mb.literal_value, ptrs, offs, str(aty[3].dtype), *args[16:20],
+                  host_features())
         return context.get_dummy_value()
 
     return sig, codegen

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from quant.types import QuantType as Q
 
 from .matmul_ir import I16, I32, Emit, V, register
+from .matmul_neon import s8_sums
 
 
 def _scale_pairs(e: Emit, v):
@@ -87,23 +88,25 @@ def _half_scale(signed: bool, mask: int | None = None):
 
 @dataclass(frozen=True)
 class KSpec:
-    """One k-quant: codes / scale (functions above), int16 pairs per vpmaddubsw chunk (sums below 32768),
-    the code offset subtracted as offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (Q3_K, Q6_K),
-    and the number of min sub-blocks (0: none)."""
+    """One k-quant: codes / scale (functions above), pairs sharing one scale (span), int16 pairs per
+    vpmaddubsw / smlal chunk (2 * chunk * max code * 127 < 32768), the code offset subtracted as
+    offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (Q3_K, Q6_K), and the number of min
+    sub-blocks (0: none)."""
 
     codes: Callable
     scale: Callable
+    span: int
     chunk: int
     offset: int = 0
     mins: int = 0
 
 
 KSPECS = {
-    Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 8, mins=8),        # 2*15*127*8 = 30480
-    Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 4, mins=8),         # 2*31*127*4 = 31496
-    Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 2, offset=32),       # 2*63*127*2 = 32004
-    Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, offset=4),
-    Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, mins=16),
+    Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 16, 8, mins=8),        # 2*15*127*8 = 30480
+    Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 16, 4, mins=8),         # 2*31*127*4 = 31496
+    Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 8, 2, offset=32),        # 2*63*127*2 = 32004
+    Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, 8, offset=4),
+    Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, 8, mins=16),
 }
 
 
@@ -141,7 +144,7 @@ def _min_terms(e: Emit, mb: int, mins: list, runs: int) -> None:
             q8s = e.bsum(i, per * j)
             for u in range(1, per):
                 q8s = e.add(q8s, e.bsum(i, per * j + u))
-            term = e.mul(mins[j], e.splat(q8s, e.w))
+            term = e.mul16(mins[j], e.splat(q8s, e.w))  # 6-bit min x a sum of <= 32 codes: both fit int16
             tot = term if tot is None else e.add(tot, term)
         e.acc[i] = e.fma(_neg_dmin(e, i), e.cvt32(tot), e.acc[i])
 
@@ -150,14 +153,17 @@ def _offset_corr(e: Emit, i: int, spec: KSpec):
     """offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (exact), for row i."""
     tot = None
     for j in range(16):
-        term = e.mul(spec.scale(e, j // 2, 8 * (j % 2)), e.splat(e.bsum(i, j), e.w))
+        term = e.mul16(spec.scale(e, j // 2, 8 * (j % 2)), e.splat(e.bsum(i, j), e.w))  # int8 x 16 codes
         tot = term if tot is None else e.add(tot, term)
     return e.mul(tot, e.c32(spec.offset))
 
 
 def _body(spec: KSpec):
     def body(e: Emit, mb: int) -> None:
-        if e.x_s8:
+        if e.x_s8 and e.neon:
+            sums = s8_sums(e, mb, 8, 16, lambda t, p: spec.codes(e, t, p), lambda t, p: spec.scale(e, t, p),
+                           spec.span, spec.chunk)
+        elif e.x_s8:
             sums = e.u8w_sums(mb, 8, 16, lambda t, p: spec.codes(e, t, p), lambda t, p: spec.scale(e, t, p),
                               spec.chunk)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from quant.types import QuantType as Q
 
 from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
+from .matmul_neon import s8_sums
 
 
 def _finish32(e: Emit, mb: int, sums: list, with_min: bool) -> None:
@@ -71,9 +72,16 @@ def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
 def _nibble_body(offset: int, high_bits: bool, with_min: bool):
     """Q4_0 / Q4_1 / Q5_0 / Q5_1. With int8 activations (AVX2): unsigned codes x activations by vpmaddubsw
     (8 pairs, or 4 with the fifth bit, summed in int16), minus offset * (the block's activation sum)."""
+    max_code = max(offset, (32 if high_bits else 16) - 1 - offset)  # largest |code - offset|
+
     def body(e: Emit, mb: int) -> None:
         if not e.x_s8:
             _finish32(e, mb, _signed_sums(e, mb, _nibble_pairs(e, offset, high_bits)), with_min)
+            return
+        if e.neon:  # signed codes (minus the offset) x int8 activations
+            pairs = _nibble_pairs(e, offset, high_bits)
+            sums = s8_sums(e, mb, 1, 16, lambda t, p: pairs[p], lambda t, p: None, 16, _s8_chunk(max_code))
+            _finish32(e, mb, sums, with_min)
             return
         pairs = _nibble_pairs(e, 0, high_bits)
         sums = e.u8w_sums(mb, 1, 16, lambda t, p: pairs[p], lambda t, p: None, 4 if high_bits else 8)
@@ -84,9 +92,23 @@ def _nibble_body(offset: int, high_bits: bool, with_min: bool):
     return body
 
 
+def _s8_chunk(max_code: int) -> int:
+    """Pairs of a 32-block summed in int16 by s8_sums without dotprod: the largest power of two <= 16 with
+    chunk * max_code * 127 < 32768 (Q8_0: 2; Q4_0, Q4_1, Q5_0: 16; Q5_1: 8)."""
+    c = 16
+    while c * max_code * 127 > 32767:
+        c //= 2
+    return c
+
+
 @register(Q.Q8_0)
 def _q8_0(e: Emit, mb: int) -> None:
-    _finish32(e, mb, _signed_sums(e, mb, [e.wvec(32 * p) for p in range(16)]), False)
+    pairs = [e.wvec(32 * p) for p in range(16)]
+    if e.x_s8:  # int8 activations (NEON): signed weights as they are
+        sums = s8_sums(e, mb, 1, 16, lambda t, p: pairs[p], lambda t, p: None, 16, _s8_chunk(128))
+    else:
+        sums = _signed_sums(e, mb, pairs)
+    _finish32(e, mb, sums, False)
 
 
 register(Q.Q4_0)(_nibble_body(8, False, False))

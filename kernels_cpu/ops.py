@@ -191,15 +191,15 @@ def _gelu_table() -> np.ndarray:
     tanh (not correctly rounded) 234 entries were one f16 step off (negative x, where 1 + tanh cancels); without
     the fma, one.
     """
-    x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
     f32 = np.float32
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # NaN entries: AArch64's conversions flag signalling NaNs as invalid
+        x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
         ax = f32(GELU_COEF_A) * x
         inner = (ax.astype(np.float64) * x + 1.0).astype(f32)  # fma(a*x, x, 1) through float64 (exact product)
         z = f32(SQRT_2_OVER_PI) * x * inner
         t = np.tanh(z.astype(np.float64)).astype(f32)  # tanhf, correctly rounded
         y = f32(0.5) * x * (f32(1.0) + t)
-    return y.astype(np.float16).astype(np.float32)
+        return y.astype(np.float16).astype(np.float32)
 
 
 GELU_F16 = _gelu_table()

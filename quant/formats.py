@@ -175,7 +175,8 @@ def q3_k_scales(scales12: np.ndarray) -> np.ndarray:
 
 def _f16(b: np.ndarray) -> np.ndarray:
     """(n, 2) uint8 -> (n, 1) float32 from little-endian f16."""
-    return np.ascontiguousarray(b).view("<f2").astype(np.float32)
+    with np.errstate(invalid="ignore"):  # NaN bits: AArch64 flags signalling NaNs as invalid (x86 does not)
+        return np.ascontiguousarray(b).view("<f2").astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray, group: int) -> np.ndarray:
@@ -209,7 +210,8 @@ def _deq_f32(b: np.ndarray) -> np.ndarray:
 
 
 def _deq_f16(b: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(b).view("<f2").astype(np.float32)
+    with np.errstate(invalid="ignore"):  # NaN bits: AArch64 flags signalling NaNs as invalid (x86 does not)
+        return np.ascontiguousarray(b).view("<f2").astype(np.float32)
 
 
 def _deq_bf16(b: np.ndarray) -> np.ndarray:
@@ -337,7 +339,8 @@ _DEQUANT.update({QuantType(t): deq for t, (_, _, deq, _) in _IQUANTS.items()})
 
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
     """(n, 1) float32 -> (n, 2) uint8, little-endian f16 (round to nearest even)."""
-    return v.astype("<f2").view(np.uint8)
+    with np.errstate(invalid="ignore"):  # NaN stays NaN; AArch64 flags signalling NaNs as invalid
+        return v.astype("<f2").view(np.uint8)
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -373,7 +376,7 @@ def _q_f32(x: np.ndarray) -> np.ndarray:
 
 
 def _q_f16(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # |x| > 65504 becomes inf, as in C
+    with np.errstate(over="ignore", invalid="ignore"):  # |x| > 65504 becomes inf, as in C; NaN stays NaN
         return x.astype("<f2").view(np.uint8)
 
 

@@ -250,8 +250,13 @@ def test_unsupported_tokenizers(bpe_meta):
 
 
 def test_gemma_construction_time(gemma_meta):
+    """Construction stays a few passes over the 262k-token vocabulary. Measured against one such pass (encode
+    and sort every token) on the same machine, not in seconds: emulation (aarch64 under qemu, .ci/arm) or a
+    shared host slows both alike (x86: 1.5 s / 0.7 s; the bound was 1.5 s wall-clock)."""
+    toks = gemma_meta["tokenizer.ggml.tokens"]
+    unit = min(_timed(lambda: sorted(t.encode() for t in toks)) for _ in range(2))
     best = min(_timed(lambda: Tokenizer.from_metadata(gemma_meta)) for _ in range(2))
-    assert best < 1.5, f"Gemma tokenizer construction took {best:.2f} s"
+    assert best < 8 * unit, f"Gemma tokenizer construction took {best:.2f} s, {best / unit:.1f} vocabulary passes"
 
 
 def _timed(fn) -> float:
