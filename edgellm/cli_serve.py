@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from edgellm.cli_options import prompt_cache_options
 from edgellm.errors import EdgeLLMError
 
 
@@ -28,8 +29,9 @@ from edgellm.errors import EdgeLLMError
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the file name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@prompt_cache_options
 def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
-          log_level):
+          log_level, prompt_cache, prompt_cache_gb):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
     The port opens at once; /health answers 503 until the model is loaded."""
@@ -47,7 +49,7 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
         click.echo(f"edgellm: error: {e}", err=True)
         sys.exit(2)
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                  progress=False)
+                  progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
                      model_id=served_model_name)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
