@@ -4,6 +4,7 @@ Nothing outside edgellm/engine needs the engine's parts."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -90,11 +91,16 @@ def load_model(model: str | None = None, *, progress: bool = True) -> LoadedMode
 
 class LLM:
     """A loaded model ready to generate. Prompts are strings (tokenized with BOS as the file says)
-    or lists of token ids."""
+    or lists of token ids.
+
+    prompt_cache: a directory where computed prompt blocks are kept across restarts (a later process with the same
+    prefix skips computing it; engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1 GB), least recently used
+    blocks evicted."""
 
     def __init__(self, model: str | None = None, *, threads: int | None = None, ctx_size: int | None = None,
                  kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,
-                 load_tokenizer: bool = True, kv_dtype: str = "f32"):
+                 load_tokenizer: bool = True, kv_dtype: str = "f32", prompt_cache: str | os.PathLike | None = None,
+                 prompt_cache_gb: float | None = None):
         if progress is None:
             progress = sys.stderr.isatty()
         from kernels_cpu import physical_cores, set_threads
@@ -114,7 +120,8 @@ class LLM:
         if load_tokenizer:  # before the weights page in, so its build buffers never add to the peak
             self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
         self.engine = Engine(self.loaded, self.model, lambda: self.tokenizer, ctx_size=self.ctx_size,
-                             kv_cache_tokens=kv_cache_tokens, max_batch=max_batch, kv_dtype=kv_dtype)
+                             kv_cache_tokens=kv_cache_tokens, max_batch=max_batch, kv_dtype=kv_dtype,
+                             prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
         _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)
@@ -179,8 +186,10 @@ class LLM:
         return self.loop.error
 
     def shutdown(self) -> None:
-        """Stop the engine thread: requests in flight end with EngineStoppedError, later ones raise it."""
+        """Stop the engine thread: requests in flight end with EngineStoppedError, later ones raise it; the prompt
+        cache's queued blocks are written."""
         self.loop.shutdown()
+        self.engine.close()
 
     # -- generation -----------------------------------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None, *, priority: int = 0,

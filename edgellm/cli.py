@@ -11,13 +11,14 @@ from collections import Counter
 import click
 
 from edgellm.cli_errors import friendly_errors
-
+from edgellm.cli_options import prompt_cache_options
 model_option = click.option("--model", "-m", "model", default=None, metavar="PATH",
                             help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
 threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
                           help="Context size in tokens (default 4096, capped at the model's).")
+
 
 
 def _llm(model, threads=None, ctx_size=None, **kw):
@@ -110,20 +111,22 @@ def make_params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, se
 @ctx_option
 @click.option("--json-schema", "json_schema", type=click.File("r"), default=None,
               help="Constrain the output to JSON valid under this JSON schema file.")
+@prompt_cache_options
 @friendly_errors
-def generate(model, prompt, threads, ctx_size, json_schema, **sp):
+def generate(model, prompt, threads, ctx_size, json_schema, prompt_cache, prompt_cache_gb, **sp):
     """Complete a prompt; prints only the completion, streamed as it is produced."""
     params = make_params(**sp)
     if json_schema is not None:
         import dataclasses
 
         params = dataclasses.replace(params, json_schema=json_schema.read())  # invalid: a named error, exit 2
-    llm = _llm(model, threads, ctx_size)
+    llm = _llm(model, threads, ctx_size, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
     out = sys.stdout
     for piece in llm.stream(prompt, params):
         out.write(piece)
         out.flush()
     out.write("\n")
+    llm.shutdown()  # the prompt cache's last blocks are written
 
 
 @main.command()

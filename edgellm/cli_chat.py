@@ -7,6 +7,8 @@ import time
 
 import click
 
+from edgellm.cli_options import prompt_cache_options
+
 
 @click.command()
 @click.option("--model", "-m", "model", default=None, metavar="PATH",
@@ -27,20 +29,23 @@ import click
               help="Worker threads (default: physical cores).")
 @click.option("--load", "load_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Resume a conversation saved with /save.")
+@prompt_cache_options(default_on=True)
 def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed, ctx_size, threads,
-         load_file):
+         load_file, prompt_cache, prompt_cache_gb):
     """Chat with a model in the terminal (streamed answers, prompt cache across turns).
 
+    A long system prompt is computed once: its KV blocks are kept on disk (--prompt-cache) for the next start.
     Type /help inside for commands. When stdin is not a terminal, each input line is one message and only the
     answers are printed, one after another, each followed by a newline."""
     from edgellm.cli_errors import friendly_errors
 
     friendly_errors(_run)(model=model, system=system, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
-                          ctx_size=ctx_size, threads=threads, load_file=load_file)
+                          ctx_size=ctx_size, threads=threads, load_file=load_file, prompt_cache=prompt_cache,
+                          prompt_cache_gb=prompt_cache_gb)
 
 
-def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
+def _run(*, model, system, ctx_size, threads, load_file, prompt_cache, prompt_cache_gb, **sampling) -> None:
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
@@ -54,7 +59,8 @@ def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
     if show:
         click.echo(f"loading {os.path.basename(path)} ...", err=True)
     t0 = time.perf_counter()
-    llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show)
+    llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show, prompt_cache=prompt_cache,
+              prompt_cache_gb=prompt_cache_gb)
     session = ChatSession(llm, system=system, params=params)
     if load_file:
         session.load(load_file)
@@ -66,6 +72,7 @@ def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
                    f"{llm.threads} threads" + (" · /help for commands, Ctrl-D to quit" if interactive else ""),
                    err=True)
     code = ui.run()
+    llm.shutdown()  # the prompt cache's last blocks are written
     sys.stdout.flush()
     sys.exit(code)
 

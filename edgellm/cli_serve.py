@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from edgellm.cli_options import prompt_cache_options
 from edgellm.errors import EdgeLLMError
 
 
@@ -29,8 +30,9 @@ from edgellm.errors import EdgeLLMError
 @click.option("--no-webui", is_flag=True, help="Leave out the browser chat at / and the dashboard at /dashboard.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@prompt_cache_options
 def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
-          no_webui, log_level):
+          no_webui, log_level, prompt_cache, prompt_cache_gb):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...), with a
     chat page at / and an engine dashboard at /dashboard.
 
@@ -49,7 +51,7 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
         click.echo(f"edgellm: error: {e}", err=True)
         sys.exit(2)
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                  progress=False)
+                  progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
                      model_id=served_model_name, webui=not no_webui)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

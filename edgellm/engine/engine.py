@@ -7,6 +7,7 @@ import numpy as np
 
 from edgellm.engine.kv_cache import PagedKVCache
 from edgellm.engine.kv_cache_manager import KVCacheManager
+from edgellm.engine.prompt_cache import PROMPT_CACHE_GB, open_prompt_cache
 from edgellm.engine.request import Request
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
@@ -23,9 +24,10 @@ class Engine:
 
     def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
                  max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE, kv_dtype: str = "f32",
-                 swa_slots: int | None = None):
+                 swa_slots: int | None = None, prompt_cache=None, prompt_cache_gb: float | None = None):
         """swa_slots: blocks of K/V kept by sliding-window layers (None: enough for max_batch windows, see
-        engine/swa.py; 0: keep every block, like llama.cpp's --swa-full)."""
+        engine/swa.py; 0: keep every block, like llama.cpp's --swa-full). prompt_cache: a directory where full
+        prompt blocks are kept across restarts (engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1)."""
         self.loaded, self.model = loaded, model
         self._tokenizer = tokenizer  # a Tokenizer, or a zero-argument function building it on first use
         self.ctx_size = ctx_size
@@ -37,7 +39,9 @@ class Engine:
             swa_slots = slots_needed(max_batch, cfg.sliding_window, block_size, token_budget)
         swa = swa_slots or None
         self.kv = PagedKVCache(cfg, n_blocks, block_size, kv_dtype=kv_dtype, swa_slots=swa)
-        self.kv_manager = KVCacheManager(n_blocks, block_size, self.kv)
+        self.prompt_cache = None if prompt_cache is None else open_prompt_cache(
+            prompt_cache, loaded, self.kv, max_bytes=int((prompt_cache_gb or PROMPT_CACHE_GB) * 1e9))
+        self.kv_manager = KVCacheManager(n_blocks, block_size, self.kv, disk=self.prompt_cache)
         self.pool, self.prefix = self.kv_manager.pool, self.kv_manager.prefix  # read-only views (stats, tests)
         self.scheduler = Scheduler(self.kv_manager, max_batch=max_batch, token_budget=token_budget)
         self.runner = ModelRunner(model, self.kv, self.kv_manager)
@@ -117,6 +121,11 @@ class Engine:
     def cancel(self, req: Request) -> None:
         """End req at the next step (its blocks go back then)."""
         req.cancel()
+
+    def close(self) -> None:
+        """Write the prompt cache's queued blocks to disk and stop its writer (call once no step runs)."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()
 
     def stats(self) -> dict:
         return {**self.kv_manager.stats(), "preemptions": self.scheduler.preemptions,

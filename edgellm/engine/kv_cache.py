@@ -88,3 +88,26 @@ class PagedKVCache:
             k, v = ENCODE[self.kv_dtype](k), ENCODE[self.kv_dtype](v)
         kf[slots] = k
         vf[slots] = v
+
+    # -- block contents for the prompt cache on disk (engine/prompt_cache.py) ----------------------------------
+    def block_stores(self) -> list[tuple[np.ndarray, bool]]:
+        """Every per-layer storage array, indexed by block (or, if the flag is set, by sliding-window slot) on
+        axis 0: the unit export_block / import_block work over."""
+        return [(a, t) for arrays in (self.k, self.v) for a, t in zip(arrays, self.trimmed)]
+
+    def export_block(self, b: int) -> list[np.ndarray | None]:
+        """Copies of block b's rows in every store (block_stores order): (BS, ...) each; None for a slot-indexed
+        store when b's sliding-window K/V is no longer in a slot."""
+        held = self.windows is not None and self.windows.holds(b)
+        return [a[b].copy() if not t else a[self.windows.slot[b]].copy() if held else None
+                for a, t in self.block_stores()]
+
+    def import_block(self, b: int, arrays) -> None:
+        """Write rows exported by export_block into block b. A slot-indexed store is written only when b holds a
+        slot (the KV cache manager gives it one first) and its entry is not None."""
+        held = self.windows is not None and self.windows.holds(b)
+        for (a, t), x in zip(self.block_stores(), arrays):
+            if not t:
+                a[b] = x
+            elif held and x is not None:
+                a[self.windows.slot[b]] = x

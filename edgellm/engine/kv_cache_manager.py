@@ -7,6 +7,13 @@ is short, the scheduler waits or preempts); `free(req)` gives blocks back, compu
 A partly reused block is copied up front (copy-on-write, every layer, window slots included) into a fresh block
 of the request; `lookup` offers a copy only if it will succeed: the source still holds its window K/V, a slot no
 running request (nor this one) attends to can take the copy, and a block is free besides the revived ones.
+
+With a prompt cache on disk (`disk`, engine/prompt_cache.py), `free` saves the request's full prompt blocks (rows
+copied out here, written by the cache's thread) and `lookup` extends a hit past the tree with the blocks on disk
+that follow it (`PrefixHit.disk`); `allocate` reads and checks them first (a bad file: None, and the next lookup
+offers less), then loads them into fresh blocks and inserts them in the tree. Only blocks whose rows, and every
+row before them, were computed as prompt rows are saved, so a restored block equals a cold run's. A restored
+prefix is as long as the window K/V its first query needs (saved with each block while it was in its slot).
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 
 from edgellm.engine.block_pool import BlockPool
 from edgellm.engine.prefix_tree import PrefixTree
+from edgellm.engine.prompt_cache import block_hashes
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,8 @@ class PrefixHit:
     src: int = -1
     n_rows: int = 0
     tokens: int = 0
+    disk: tuple[str, ...] = ()  # hashes of the blocks after `blocks` to load from the prompt cache on disk
+    disk_missed: int = 0  # prompt blocks after those that the disk lacks (counted when allocated)
 
 
 NO_HIT = PrefixHit()
@@ -36,15 +46,17 @@ class KVCacheManager:
     kv: the PagedKVCache whose rows the blocks index; None simulates one without tensors (allocator tests:
     copies are then only counted)."""
 
-    def __init__(self, n_blocks: int, block_size: int, kv=None):
+    def __init__(self, n_blocks: int, block_size: int, kv=None, disk=None):
         self.pool = BlockPool(n_blocks)
         self.prefix = PrefixTree(block_size)
         self.bs, self.kv = block_size, kv
         self.windows = kv.windows if kv is not None else None
+        self.disk = disk  # a PromptCache (engine/prompt_cache.py) or None
         self._held: dict[object, list[int]] = {}  # holder (a request, a Scratch) -> its blocks: position p in [p // bs]
         self.hit_tokens = 0  # tokens served from the prefix tree (counted once, when allocated)
         self.evictions = 0  # cached blocks taken for other use (their tree entries dropped)
         self.cow_copies = 0  # partly reused blocks copied into a request's own block
+        self.disk_hits = self.disk_misses = 0  # admitted prompt blocks loaded from disk / computed with a disk cache
 
     # -- public API ---------------------------------------------------------------------------------
     def block_table(self, req) -> list[int]:
@@ -60,15 +72,19 @@ class KVCacheManager:
             m = self.windows.usable_prefix(blocks)
             if m < len(blocks):
                 return self._hit(blocks[:m])
+        disk, missed = self._disk_extension(req, blocks)
+        if disk:
+            return self._hit(blocks, disk=disk, missed=missed)
         src, n = self.prefix.match_partial(ids[:len(ids) - 1], blocks, req.prompt_rows)
         if n and self._can_copy(src, blocks, len(blocks) * self.bs + n):
-            return self._hit(blocks, src, n)
-        return self._hit(blocks)
+            return self._hit(blocks, src, n, missed=missed)
+        return self._hit(blocks, missed=missed)
 
     def allocate(self, req, n_tokens: int, *, hit: PrefixHit = NO_HIT, lookahead: int = 0) -> list[int] | None:
         """Make req's block table cover positions < req.n_computed + hit.tokens + n_tokens, reusing `hit` (from
         lookup, for a request that holds no blocks yet). All or nothing: None, with nothing changed, unless
-        blocks for `lookahead` more tokens would be free as well. Returns the fresh blocks.
+        blocks for `lookahead` more tokens would be free as well and hit.disk's files are all good (a bad one is
+        forgotten: the next lookup offers less). Returns the fresh blocks.
         Any holder with an `n_computed` works (LLM.scratch holds blocks this way for one-off forwards)."""
         table = self._held.get(req, [])
         have = len(table) + len(hit.blocks)
@@ -77,12 +93,19 @@ class KVCacheManager:
         revived = sum(self.pool.ref[b] == 0 for b in hit.blocks)  # cached free blocks leave the free queue
         if max(need, -(-(end + lookahead) // self.bs) - have) > self.pool.n_free - revived:
             return None
+        loaded = self._read_disk(req, hit) if hit.disk else None
+        if hit.disk and loaded is None:
+            return None  # a file was bad (now forgotten): the scheduler asks again and is offered less
+        self.disk_hits += len(hit.disk)
+        self.disk_misses += hit.disk_missed
         self._held[req] = table
         self.pool.touch(hit.blocks)
         table += hit.blocks
         fresh = self._copy_partial(req, hit) if hit.n_rows else []
         fresh += self._take(need - len(fresh))
         table += fresh
+        if loaded:
+            self._restore(req, table, hit, loaded)
         self.hit_tokens += hit.tokens
         return fresh
 
@@ -92,6 +115,8 @@ class KVCacheManager:
         cached."""
         table = self._held.pop(req, [])
         if table and cache:
+            if self.disk is not None:
+                self._save(req, table)
             self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
         self.pool.free(table)
 
@@ -114,11 +139,13 @@ class KVCacheManager:
                 "blocks_cached": len(self.cached_blocks()), "evictions": self.evictions,
                 "prefix_hit_tokens": self.hit_tokens, "prefix_tree_blocks": len(self.prefix),
                 "prefix_cow_copies": self.cow_copies,
+                **({"disk_hit_blocks": self.disk_hits, "disk_miss_blocks": self.disk_misses,
+                    **self.disk.stats()} if self.disk is not None else {}),
                 **(self.windows.stats() if self.windows is not None else {})}
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _hit(self, blocks: list[int], src: int = -1, n: int = 0) -> PrefixHit:
-        return PrefixHit(tuple(blocks), src, n, len(blocks) * self.bs + n)
+    def _hit(self, blocks: list[int], src: int = -1, n: int = 0, disk: tuple = (), missed: int = 0) -> PrefixHit:
+        return PrefixHit(tuple(blocks), src, n, (len(blocks) + len(disk)) * self.bs + n, tuple(disk), missed)
 
     def _keep(self, blocks, query: int) -> set[int]:
         """Blocks some query still attends to: every holder's next one, and one at `query` over `blocks`."""
@@ -155,3 +182,78 @@ class KVCacheManager:
             self.prefix.evict(b)
         self.evictions += len(evicted)
         return got
+
+    # -- the prompt cache on disk ------------------------------------------------------------------------------
+    def _prompt_blocks(self, req, blocks, end: int) -> int:
+        """Leading full blocks of req's first `end` tokens (held in `blocks` first) whose rows, and all rows
+        before, are prompt rows."""
+        n = min(end, req.prompt_rows) // self.bs
+        for i, b in enumerate(blocks[:n]):
+            node = self.prefix.by_block.get(b)
+            if node is not None and node.prompt_rows < self.bs:  # reused rows computed as decode rows
+                return i
+        return n
+
+    def _disk_extension(self, req, blocks: list[int]) -> tuple[tuple[str, ...], int]:
+        """(hashes of the blocks on disk that extend the tree's match `blocks`: as many as have the window K/V
+        the next query needs and slots to put it in, prompt blocks left to compute); lookup: no side effects."""
+        if self.disk is None:
+            return (), 0
+        m, limit = len(blocks), self._prompt_blocks(req, blocks, len(req.all_ids) - 1)
+        if limit <= m:
+            return (), 0
+        hashes = block_hashes(req.all_ids, limit, self.bs)
+        found = self.disk.find(hashes[m:])
+        n = m + len(found)
+        while self.windows is not None and n > m:
+            lo = max(m, max(0, n * self.bs - self.windows.window + 1) // self.bs)  # disk blocks in the window
+            if all(found[lo - m:n - m]) and n - lo <= self.windows.n_spare(self._keep(blocks, n * self.bs)):
+                break
+            n -= 1
+        return tuple(hashes[m:n]), limit - n
+
+    def _read_disk(self, req, hit: PrefixHit) -> list | None:
+        """The rows of hit.disk's blocks from their files, all checked; None if any is missing or bad."""
+        m, ids, out = len(hit.blocks), req.all_ids, []
+        lo = self._window_start(hit)
+        for i, h in enumerate(hit.disk, m):
+            rows = self.disk.load(h, ids[i * self.bs:(i + 1) * self.bs], windowed=i >= lo)
+            if rows is None:
+                return None
+            out.append(rows)
+        if self.windows is not None and len(hit.disk) + m - max(lo, m) > self.windows.n_spare(
+                self._keep(hit.blocks, hit.tokens)):
+            return None
+        return out
+
+    def _window_start(self, hit: PrefixHit) -> int:
+        """First block the query after hit attends to in sliding-window layers (len of the hit: none)."""
+        if self.windows is None:
+            return len(hit.blocks) + len(hit.disk)
+        return max(0, hit.tokens - self.windows.window + 1) // self.bs
+
+    def _restore(self, req, table: list[int], hit: PrefixHit, loaded: list) -> None:
+        """Load hit.disk's rows (read by _read_disk) into their fresh blocks table[m:n], the window ones given
+        slots, and insert the prefix in the tree."""
+        m, n = len(hit.blocks), len(hit.blocks) + len(hit.disk)
+        lo = self._window_start(hit)
+        if self.windows is not None:
+            for b in table[m:max(lo, m)]:
+                self.windows.drop(b)  # a fresh block's slot may hold stale rows: outside the window, none
+            if not self.windows.give_slots(table[max(lo, m):n], self._keep(hit.blocks, hit.tokens)):
+                raise RuntimeError("no sliding-window slot for restored blocks after allocate checked")
+        for b, rows in zip(table[m:n], loaded):
+            self.kv.import_block(b, rows)
+        self.prefix.insert(req.all_ids[:n * self.bs], table[:n], n * self.bs)
+        self.disk.touch(list(block_hashes(req.all_ids, n, self.bs)))
+
+    def _save(self, req, table: list[int]) -> None:
+        """Queue req's computed prompt blocks that the disk lacks (free(): their rows are still in place)."""
+        n = min(self._prompt_blocks(req, table, req.n_computed), len(table))
+        ids, todo = req.all_ids, []
+        for i, h in enumerate(block_hashes(ids, n, self.bs)):
+            b = table[i]
+            if self.disk.wants(h, self.windows is None or self.windows.holds(b)):
+                todo.append((h, ids[i * self.bs:(i + 1) * self.bs], self.kv.export_block(b)))
+        if todo:
+            self.disk.save(todo)

@@ -137,6 +137,33 @@ class WindowSlots:
         self._lru[d] = None  # most recently used
         return s, d
 
+    # -- blocks restored from disk (engine/prompt_cache.py) ---------------------------------------------------
+    def n_spare(self, keep) -> int:
+        """Slots whose block (if any) is not in keep: how many blocks give_slots(..., keep) can place at least."""
+        return sum(int(self.owner[s]) not in keep for s in self._lru)
+
+    def give_slots(self, blocks: list[int], keep) -> bool:
+        """Give every block of `blocks` a slot for its local K/V (one it holds stays its own), taking the least
+        recently used slots whose block is not in keep; False, nothing changed, if too few."""
+        need = [b for b in blocks if not self.holds(b)]
+        mine = set(blocks) | set(keep)
+        spare = [s for s in self._lru if int(self.owner[s]) not in mine][:len(need)]
+        if len(spare) < len(need):
+            return False
+        for s, b in zip(spare, need):
+            self._give(s, b)
+        for b in blocks:
+            self._lru.move_to_end(int(self.slot[b]))  # most recently used
+        return True
+
+    def drop(self, b: int) -> None:
+        """Block b holds no local K/V any more (its slot, if any, is reused first)."""
+        if self.holds(b):
+            s = int(self.slot[b])
+            self.owner[s], self.slot[b] = -1, 0
+            self._lru.move_to_end(s, last=False)
+        self.slot[b] = 0
+
     def stats(self) -> dict:
         held = int(np.count_nonzero(self.owner[1:] >= 0))
         return {"swa_slots_total": self.n_slots, "swa_slots_held": held, "swa_slots_reused": self.reused}
