@@ -44,6 +44,11 @@ def chain(ids, n=None, *, windowed=True):
             enumerate(block_hashes(ids, n, 4))]
 
 
+def save(cache, blocks) -> None:
+    """cache.save of (hash, tokens, rows) blocks, as KVCacheManager._save queues a request's."""
+    cache.save([(h, toks, i) for i, (h, toks, _) in enumerate(blocks)], lambda i: blocks[i][2])
+
+
 def files(root) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
@@ -72,7 +77,7 @@ def test_blocks_round_trip_and_window_rows_are_read_only_when_asked(tmp_path):
     ids = list(range(100, 116))
     blocks = chain(ids, windowed=True)
     blocks[0] = (blocks[0][0], blocks[0][1], rows(1, windowed=False))  # its window rows had left their slot
-    c.save(blocks)
+    save(c, blocks)
     c.close()
     names = sorted(p.name for p in files(tmp_path))
     assert len(names) == 4 and sum(n.endswith("-0.kvb") for n in names) == 1
@@ -92,11 +97,11 @@ def test_blocks_round_trip_and_window_rows_are_read_only_when_asked(tmp_path):
 def test_save_skips_what_is_on_disk_and_replaces_a_block_without_window_rows(tmp_path):
     c = open_cache(tmp_path)
     ids = list(range(8))
-    c.save(chain(ids, windowed=False))
+    save(c, chain(ids, windowed=False))
     c.flush()
     h0 = block_hashes(ids, 1, 4)[0]
     assert not c.wants(h0, False) and c.wants(h0, True)
-    c.save(chain(ids, windowed=True))
+    save(c, chain(ids, windowed=True))
     c.flush()
     assert not c.wants(h0, True) and sorted(p.name[-6:] for p in files(tmp_path)) == ["-1.kvb", "-1.kvb"]
     assert c.stats()["disk_written_blocks"] == 4
@@ -117,12 +122,12 @@ def corrupt_truncate(p: Path):
 def test_a_bad_file_is_ignored_with_one_warning(tmp_path, caplog, damage):
     ids = list(range(40))
     c = open_cache(tmp_path)
-    c.save(chain(ids))
+    save(c, chain(ids))
     c.close()
     paths = chain_files(tmp_path, ids)
     if damage == "foreign":  # another model's files under this model's names
         other = open_cache(tmp_path / "other", key="f" * 64)
-        other.save(chain(ids))
+        save(other, chain(ids))
         other.close()
         for src, dst in zip(chain_files(tmp_path / "other", ids), paths):
             shutil.copy(src, dst)
@@ -155,8 +160,8 @@ def test_directory_never_exceeds_its_bound_and_evicts_least_recently_used(tmp_pa
     rng = np.random.default_rng(0)
     keep = [7] + list(range(1, 12))  # a prefix used again and again: it must survive
     for i in range(30):
-        c.save(chain(rng.integers(0, 1000, 16).tolist()))
-        c.save(chain(keep))
+        save(c, chain(rng.integers(0, 1000, 16).tolist()))
+        save(c, chain(keep))
         if i % 3 == 0:
             c.touch(block_hashes(keep, 3, 4))
         c.flush()
@@ -168,6 +173,17 @@ def test_directory_never_exceeds_its_bound_and_evicts_least_recently_used(tmp_pa
     c = open_cache(tmp_path, max_bytes=bound)
     assert len(c._index) == len(files(tmp_path))
     c.close()
+
+
+def test_a_full_queue_drops_the_tail_of_a_chain_without_copying_it(tmp_path, monkeypatch):
+    blocks = chain(list(range(40)))
+    monkeypatch.setattr(pc, "_QUEUE_BYTES", 3 * pc._nbytes(blocks[0][2]))
+    c = open_cache(tmp_path)
+    copied = []
+    c.save([(h, toks, i) for i, (h, toks, _) in enumerate(blocks)], lambda i: copied.append(i) or blocks[i][2])
+    c.close()
+    assert copied == [0, 1, 2, 3] and c.stats()["disk_dropped_blocks"] == 7
+    assert len(chain_files(tmp_path, list(range(40)))) == 3
 
 
 def test_temp_files_of_dead_writers_are_swept(tmp_path):
@@ -187,7 +203,7 @@ def test_temp_files_of_dead_writers_are_swept(tmp_path):
 def test_close_without_flush_leaves_no_partial_file(tmp_path):
     c = open_cache(tmp_path)
     for i in range(50):
-        c.save(chain(list(range(i, i + 40))))
+        save(c, chain(list(range(i, i + 40))))
     c.close(flush=False)
     assert not [p for p in files(tmp_path) if p.name.startswith(pc.TMP)]
     c = open_cache(tmp_path)
@@ -390,6 +406,7 @@ def test_chat_keeps_the_prompt_cache_in_the_user_cache_dir_unless_told_not_to(ti
 
 
 # -- acceptance: the default model, two processes ------------------------------------------------------------------
+@pytest.mark.slow
 def test_second_process_with_the_same_long_prefix_answers_the_same_ten_times_sooner(tmp_path):
     sys.path.insert(0, str(REPO / "benchmarks"))
     from prompt_cache import cold_and_warm  # benchmarks/prompt_cache.py: the same child processes

@@ -65,7 +65,8 @@ class KVCacheManager:
 
     def lookup(self, req) -> PrefixHit:
         """The longest reusable cached prefix of req's tokens, always leaving >= 1 token to compute (its logits
-        are needed). Allocates, references and copies nothing."""
+        are needed): blocks of the tree, then blocks on disk if a prompt cache holds more. Allocates, references,
+        copies and reads nothing."""
         ids = req.all_ids
         blocks = self.prefix.match(ids, max_blocks=(len(ids) - 1) // self.bs)
         if blocks and self.windows is not None:  # a prefix is only as long as its sliding-window K/V reaches
@@ -216,14 +217,14 @@ class KVCacheManager:
         """The rows of hit.disk's blocks from their files, all checked; None if any is missing or bad."""
         m, ids, out = len(hit.blocks), req.all_ids, []
         lo = self._window_start(hit)
+        if self.windows is not None and len(hit.disk) + m - max(lo, m) > self.windows.n_spare(
+                self._keep(hit.blocks, hit.tokens)):
+            raise RuntimeError("no sliding-window slots for a disk hit that lookup offered")
         for i, h in enumerate(hit.disk, m):
             rows = self.disk.load(h, ids[i * self.bs:(i + 1) * self.bs], windowed=i >= lo)
             if rows is None:
                 return None
             out.append(rows)
-        if self.windows is not None and len(hit.disk) + m - max(lo, m) > self.windows.n_spare(
-                self._keep(hit.blocks, hit.tokens)):
-            return None
         return out
 
     def _window_start(self, hit: PrefixHit) -> int:
@@ -241,19 +242,17 @@ class KVCacheManager:
             for b in table[m:max(lo, m)]:
                 self.windows.drop(b)  # a fresh block's slot may hold stale rows: outside the window, none
             if not self.windows.give_slots(table[max(lo, m):n], self._keep(hit.blocks, hit.tokens)):
-                raise RuntimeError("no sliding-window slot for restored blocks after allocate checked")
+                raise RuntimeError("no sliding-window slots for restored blocks after allocate checked")
         for b, rows in zip(table[m:n], loaded):
             self.kv.import_block(b, rows)
         self.prefix.insert(req.all_ids[:n * self.bs], table[:n], n * self.bs)
-        self.disk.touch(list(block_hashes(req.all_ids, n, self.bs)))
+        self.disk.touch(block_hashes(req.all_ids, n, self.bs))
 
     def _save(self, req, table: list[int]) -> None:
         """Queue req's computed prompt blocks that the disk lacks (free(): their rows are still in place)."""
         n = min(self._prompt_blocks(req, table, req.n_computed), len(table))
-        ids, todo = req.all_ids, []
-        for i, h in enumerate(block_hashes(ids, n, self.bs)):
-            b = table[i]
-            if self.disk.wants(h, self.windows is None or self.windows.holds(b)):
-                todo.append((h, ids[i * self.bs:(i + 1) * self.bs], self.kv.export_block(b)))
+        ids = req.all_ids
+        todo = [(h, ids[i * self.bs:(i + 1) * self.bs], table[i]) for i, h in enumerate(block_hashes(ids, n, self.bs))
+                if self.disk.wants(h, self.windows is None or self.windows.holds(table[i]))]
         if todo:
-            self.disk.save(todo)
+            self.disk.save(todo, self.kv.export_block)
