@@ -150,7 +150,8 @@ class LLM:
     # -- chat template -----------------------------------------------------------------------------
     @functools.cached_property
     def chat_template(self):
-        """The model's ChatTemplate (the file's, else its family's built-in one; `notice` says which)."""
+        """The model's ChatTemplate (the file's, else its family's built-in one; `notice` says which). Assign
+        another ChatTemplate to chat differently (`edgellm chat` does for a base model)."""
         from edgellm.chat_template import ChatTemplate
 
         return ChatTemplate.for_model(self.loaded.metadata, self.tokenizer)

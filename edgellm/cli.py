@@ -37,8 +37,9 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @friendly_errors
 def info(model, as_json):
-    """Describe a model: architecture, parameters, quant types, context, vocabulary."""
+    """Describe a model: architecture, parameters, quant types, context, vocabulary, base or instruct."""
     from edgellm.api import load_model
+    from edgellm.model_kind import model_kind
 
     lm = load_model(model)
     cfg, g = lm.config, lm.gguf
@@ -52,6 +53,7 @@ def info(model, as_json):
         "sliding_window": cfg.sliding_window or None, "vocab_size": cfg.n_vocab,
         "tokenizer": g.metadata.get("tokenizer.ggml.model"),
         "chat_template": "tokenizer.chat_template" in g.metadata,
+        "kind": model_kind(g.metadata).kind, "kind_reason": model_kind(g.metadata).why, "files": len(g.paths),
     }
     if as_json:
         click.echo(json.dumps(d))
@@ -61,6 +63,10 @@ def info(model, as_json):
             v = f"{v:,} ({v / 1e6:.0f}M)"
         elif k == "tensor_types":
             v = ", ".join(f"{n} {t}" for t, n in v.items())
+        elif k == "kind_reason":
+            continue
+        elif k == "kind":
+            v = f"{v} ({d['kind_reason']})"
         click.echo(f"{k:18s} {v}")
 
 

@@ -1,6 +1,7 @@
 """`edgellm chat`: a terminal chat with a model (registered on the click group in edgellm/cli.py)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -44,6 +45,7 @@ def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
+    from edgellm.model_kind import COMPLETION_STOPS, completion_template, model_kind
     from edgellm.model_path import cache_dir, resolve_model
     from edgellm.sampling import SamplingParams
 
@@ -55,6 +57,9 @@ def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
         click.echo(f"loading {os.path.basename(path)} ...", err=True)
     t0 = time.perf_counter()
     llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show)
+    if model_kind(llm.loaded.metadata).is_base:  # completion-style: a transcript the base model continues
+        llm.chat_template = completion_template(llm.tokenizer)
+        params = dataclasses.replace(params, stop=[*params.stop, *COMPLETION_STOPS])
     session = ChatSession(llm, system=system, params=params)
     if load_file:
         session.load(load_file)
