@@ -84,13 +84,14 @@ def _trim_heap() -> None:
 
 
 def load_model(model: str | None = None, *, progress: bool = True) -> LoadedModel:
-    """Resolve (default model if None) and open a GGUF model, validated."""
+    """Resolve and open a GGUF model, validated: a path (a split model's first shard), a stored model's name,
+    a Hugging Face ``REPO[:QUANT]`` (pulled on first use, with progress), or None for the default model."""
     return load_gguf(resolve_model(model, progress=progress))
 
 
 class LLM:
     """A loaded model ready to generate. Prompts are strings (tokenized with BOS as the file says)
-    or lists of token ids."""
+    or lists of token ids. ``model``: as ``load_model`` takes it."""
 
     def __init__(self, model: str | None = None, *, threads: int | None = None, ctx_size: int | None = None,
                  kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,

@@ -11,9 +11,7 @@ from collections import Counter
 import click
 
 from edgellm.cli_errors import friendly_errors
-
-model_option = click.option("--model", "-m", "model", default=None, metavar="PATH",
-                            help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+from edgellm.cli_pull import model_option
 threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
@@ -178,10 +176,14 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
 
 
 from edgellm.cli_chat import chat  # noqa: E402
+from edgellm.cli_pull import list_models, pull, rm  # noqa: E402
 from edgellm.cli_quantize import convert, quantize  # noqa: E402
 from edgellm.cli_serve import serve  # noqa: E402
 
 main.add_command(chat)
+main.add_command(pull)
+main.add_command(list_models)
+main.add_command(rm)
 main.add_command(serve)
 main.add_command(quantize)
 main.add_command(convert)

@@ -8,10 +8,11 @@ import time
 
 import click
 
+from edgellm.cli_pull import model_option
+
 
 @click.command()
-@click.option("--model", "-m", "model", default=None, metavar="PATH",
-              help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+@model_option
 @click.option("--system", default=None, metavar="TEXT", help="System prompt.")
 @click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.8, show_default=True,
               help="0 = greedy.")

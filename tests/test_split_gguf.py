@@ -190,7 +190,7 @@ def test_info_and_quantize_on_a_split_model(models, tmp_path):
     r = cli("info", "-m", str(models["first"]), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["tensors"] == 21 and info["path"] == str(models["first"])
+    assert info["tensors"] == 21 and info["files"] == 3 and info["path"] == str(models["first"])
     outs = {}
     for name, src in (("split", models["first"]), ("whole", models["whole"])):
         outs[name] = tmp_path / f"{name}-q8.gguf"
