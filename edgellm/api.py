@@ -85,13 +85,14 @@ def _trim_heap() -> None:
 
 
 def load_model(model: str | None = None, *, progress: bool = True) -> LoadedModel:
-    """Resolve (default model if None) and open a GGUF model, validated."""
+    """Resolve and open a GGUF model, validated: a path (a split model's first shard), a stored model's name,
+    a Hugging Face ``REPO[:QUANT]`` (pulled on first use, with progress), or None for the default model."""
     return load_gguf(resolve_model(model, progress=progress))
 
 
 class LLM:
     """A loaded model ready to generate. Prompts are strings (tokenized with BOS as the file says)
-    or lists of token ids.
+    or lists of token ids. ``model``: as ``load_model`` takes it.
 
     prompt_cache: a directory where computed prompt blocks are kept across restarts (a later process with the same
     prefix skips computing it; engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1 GB), least recently used
@@ -157,7 +158,8 @@ class LLM:
     # -- chat template -----------------------------------------------------------------------------
     @functools.cached_property
     def chat_template(self):
-        """The model's ChatTemplate (the file's, else its family's built-in one; `notice` says which)."""
+        """The model's ChatTemplate (the file's, else its family's built-in one; `notice` says which). Assign
+        another ChatTemplate to chat differently (`edgellm chat` does for a base model)."""
         from edgellm.chat_template import ChatTemplate
 
         return ChatTemplate.for_model(self.loaded.metadata, self.tokenizer)

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, TextIO
 
 from edgellm.chat import ChatSession, plural
 from edgellm.errors import EdgeLLMError, InvalidRequestError
+from edgellm.model_kind import base_model_notice
 
 HELP = """\
 Type a message and press Enter; end a line with \\ to continue it on the next one.
@@ -64,6 +65,13 @@ class ChatUI:
     def notice(self, text: str) -> None:
         self.info(f"note: {text}")
 
+    def model_notice(self) -> str | None:
+        """The one line said before the chat starts: that the model is a base model and what to pull instead
+        (edgellm/model_kind.py), else the template's notice (a built-in template stands in), else None."""
+        loaded = self.session.llm.loaded
+        name = str(loaded.metadata.get("general.name") or os.path.basename(str(loaded.path)))
+        return base_model_notice(loaded.metadata, name) or self.session.template.notice
+
     def error(self, text: str) -> None:
         stream = self.out if self.interactive else self.err
         stream.write(self._style(f"error: {text}", "31") + "\n")
@@ -73,8 +81,9 @@ class ChatUI:
     def run(self, lines: Iterable[str] | None = None) -> int:
         """Chat until end of input or /exit; returns the exit code. ``lines``: input when not interactive
         (default: stdin)."""
-        if self.session.template.notice:
-            self.notice(self.session.template.notice)
+        first = self.model_notice()
+        if first:
+            self.notice(first)
         if self.interactive:
             self._setup_readline()
             try:

@@ -12,8 +12,7 @@ import click
 
 from edgellm.cli_errors import friendly_errors
 from edgellm.cli_options import prompt_cache_options
-model_option = click.option("--model", "-m", "model", default=None, metavar="PATH",
-                            help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+from edgellm.cli_pull import model_option
 threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
@@ -38,8 +37,9 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @friendly_errors
 def info(model, as_json):
-    """Describe a model: architecture, parameters, quant types, context, vocabulary."""
+    """Describe a model: architecture, parameters, quant types, context, vocabulary, base or instruct."""
     from edgellm.api import load_model
+    from edgellm.model_kind import model_kind
 
     lm = load_model(model)
     cfg, g = lm.config, lm.gguf
@@ -53,6 +53,7 @@ def info(model, as_json):
         "sliding_window": cfg.sliding_window or None, "vocab_size": cfg.n_vocab,
         "tokenizer": g.metadata.get("tokenizer.ggml.model"),
         "chat_template": "tokenizer.chat_template" in g.metadata,
+        "kind": model_kind(g.metadata).kind, "kind_reason": model_kind(g.metadata).why, "files": len(g.paths),
     }
     if as_json:
         click.echo(json.dumps(d))
@@ -62,6 +63,10 @@ def info(model, as_json):
             v = f"{v:,} ({v / 1e6:.0f}M)"
         elif k == "tensor_types":
             v = ", ".join(f"{n} {t}" for t, n in v.items())
+        elif k == "kind_reason":
+            continue
+        elif k == "kind":
+            v = f"{v} ({d['kind_reason']})"
         click.echo(f"{k:18s} {v}")
 
 
@@ -175,10 +180,14 @@ def bench(model, n_prompt, n_gen, repetitions, as_json, threads):
 
 
 from edgellm.cli_chat import chat  # noqa: E402
+from edgellm.cli_pull import list_models, pull, rm  # noqa: E402
 from edgellm.cli_quantize import convert, quantize  # noqa: E402
 from edgellm.cli_serve import serve  # noqa: E402
 
 main.add_command(chat)
+main.add_command(pull)
+main.add_command(list_models)
+main.add_command(rm)
 main.add_command(serve)
 main.add_command(quantize)
 main.add_command(convert)

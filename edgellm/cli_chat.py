@@ -1,6 +1,7 @@
 """`edgellm chat`: a terminal chat with a model (registered on the click group in edgellm/cli.py)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -8,11 +9,11 @@ import time
 import click
 
 from edgellm.cli_options import prompt_cache_options
+from edgellm.cli_pull import model_option
 
 
 @click.command()
-@click.option("--model", "-m", "model", default=None, metavar="PATH",
-              help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+@model_option
 @click.option("--system", default=None, metavar="TEXT", help="System prompt.")
 @click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.8, show_default=True,
               help="0 = greedy.")
@@ -49,6 +50,7 @@ def _run(*, model, system, ctx_size, threads, load_file, prompt_cache, prompt_ca
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
+    from edgellm.model_kind import COMPLETION_STOPS, completion_template, model_kind
     from edgellm.model_path import cache_dir, resolve_model
     from edgellm.sampling import SamplingParams
 
@@ -61,6 +63,9 @@ def _run(*, model, system, ctx_size, threads, load_file, prompt_cache, prompt_ca
     t0 = time.perf_counter()
     llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show, prompt_cache=prompt_cache,
               prompt_cache_gb=prompt_cache_gb)
+    if model_kind(llm.loaded.metadata).is_base:  # completion-style: a transcript the base model continues
+        llm.chat_template = completion_template(llm.tokenizer)
+        params = dataclasses.replace(params, stop=[*params.stop, *COMPLETION_STOPS])
     session = ChatSession(llm, system=system, params=params)
     if load_file:
         session.load(load_file)

@@ -6,12 +6,12 @@ import sys
 import click
 
 from edgellm.cli_options import prompt_cache_options
+from edgellm.cli_pull import model_option
 from edgellm.errors import EdgeLLMError
 
 
 @click.command()
-@click.option("--model", "-m", "model", default=None, metavar="PATH",
-              help="GGUF file (default: $EDGELLM_MODEL, else the bundled Gemma 3 270M).")
+@model_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", "-p", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--api-key", envvar="EDGELLM_API_KEY", default=None,

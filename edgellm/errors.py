@@ -19,7 +19,16 @@ class UnsupportedQuantTypeError(UnsupportedModelError, QuantTypeError):
 
 
 class ModelNotFoundError(EdgeLLMError):
-    """No model path was given and the bundled default model is not installed."""
+    """The model named (a path, a pulled name, REPO[:QUANT]) is not there: no such file, not pulled while offline,
+    no such repo or quant on the Hub; or no model was given and the bundled default model is not installed."""
+
+
+class ModelDownloadError(EdgeLLMError):
+    """A pull failed: the Hub cannot be reached, a download kept failing, or the disk is full."""
+
+
+class ChecksumMismatchError(ModelDownloadError):
+    """A downloaded file's size or sha256 differs from the Hub's metadata (it was deleted, nothing was stored)."""
 
 
 class ContextOverflowError(EdgeLLMError):

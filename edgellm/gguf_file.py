@@ -10,8 +10,8 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -100,8 +100,9 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     qtype: QuantType
-    offset: int  # absolute byte offset in the file
+    offset: int  # absolute byte offset in its file
     n_bytes: int
+    shard: int = 0  # the file holding it: an index into GGUFFile.shard_paths (0 unless the model is split)
 
     @property
     def n_elements(self) -> int:
@@ -193,22 +194,39 @@ class _Cursor:
 
 @dataclass
 class GGUFFile:
-    """A parsed GGUF file: metadata dict, tensor directory, and a read-only memmap of the whole file."""
+    """A parsed GGUF model: metadata dict, tensor directory, and a read-only memmap of each file.
+
+    A split model (edgellm/gguf_split.py) is one GGUFFile over all its shards: ``path`` and ``data`` are the first
+    shard's, ``shard_paths`` / ``shard_data`` list every shard in order, and each tensor's ``shard`` says where its
+    bytes are. A single file has empty ``shard_paths``."""
 
     path: str
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
-    data: np.memmap  # (file_size,) uint8, read-only
+    data: np.memmap  # (file_size,) uint8, read-only: the (first) file
+    shard_paths: tuple[str, ...] = ()
+    shard_data: tuple[np.memmap, ...] = ()
+    _fds: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file of the model (one unless it is split)."""
+        return self.shard_paths or (self.path,)
+
+    def _file(self, t: TensorInfo) -> tuple[str, np.memmap]:
+        if t.shard == 0:
+            return self.path, self.data
+        return self.shard_paths[t.shard], self.shard_data[t.shard]
 
     def read_tensor_copy(self, name: str) -> np.ndarray:
         """The tensor's bytes read with pread (not through the memmap: faulting small tensors in through the
         map drags megabytes of neighbouring weights into resident memory)."""
         t = self.tensors[name]
-        with open(self.path, "rb") as f:
-            buf = os.pread(f.fileno(), t.n_bytes, t.offset)
+        path = self._file(t)[0]
+        buf = os.pread(self._fd(t.shard), t.n_bytes, t.offset)
         if len(buf) != t.n_bytes:
-            raise GGUFError(f"{self.path}: short read of tensor {name!r}")
+            raise GGUFError(f"{path}: short read of tensor {name!r}")
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
         return np.frombuffer(buf, dtype=np.uint8).reshape(rows, t.n_bytes // rows)
 
@@ -219,27 +237,27 @@ class GGUFFile:
         n_rows = t.shape[0]
         rb = t.n_bytes // n_rows
         out = np.empty((len(rows), rb), dtype=np.uint8)
-        fd = self._fd()
+        fd = self._fd(t.shard)
         for i, r in enumerate(rows.tolist()):
             if not 0 <= r < n_rows:
                 raise ValueError(f"row {r} out of range for {name!r} ({n_rows} rows)")
             got = os.preadv(fd, [memoryview(out[i])], t.offset + r * rb)
             if got != rb:
-                raise GGUFError(f"{self.path}: short read of {name!r} row {r}")
+                raise GGUFError(f"{self._file(t)[0]}: short read of {name!r} row {r}")
         return out
 
-    def _fd(self) -> int:
-        fd = getattr(self, "_fd_cache", None)
+    def _fd(self, shard: int = 0) -> int:
+        fd = self._fds.get(shard)
         if fd is None:
-            fd = os.open(self.path, os.O_RDONLY)
-            self._fd_cache = fd
+            fd = self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
         return fd
 
     def tensor_bytes(self, name: str) -> np.ndarray:
-        """Zero-copy (n_rows, row_bytes) uint8 view of a tensor (1-D tensors: one row)."""
+        """Zero-copy (n_rows, row_bytes) uint8 view of a tensor (1-D tensors: one row), from its own file's map."""
         t = self.tensors[name]
+        data = self._file(t)[1]
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
-        return self.data[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
+        return data[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
 
 
 class _NeedMore(Exception):
@@ -247,24 +265,48 @@ class _NeedMore(Exception):
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Parse and validate a GGUF v2/v3 file; raise GGUFError / UnsupportedQuantTypeError on bad input."""
+    """Parse and validate a GGUF v2/v3 model; raise GGUFError / UnsupportedQuantTypeError on bad input.
+
+    ``path`` may be the first shard of a split model (NAME-00001-of-0000N.gguf): its shards are opened too and
+    joined into one GGUFFile (edgellm/gguf_split.py), the split.* keys dropped from its metadata."""
+    g = _read_one(os.fspath(path))
+    if "split.count" in g.metadata or "split.no" in g.metadata:
+        from edgellm.gguf_split import join_split
+
+        return join_split(g, _read_one)
+    return g
+
+
+def read_metadata(path: str | os.PathLike, *, keep: Callable[[str], bool] = lambda key: True) -> dict[str, Any]:
+    """Only the metadata of one GGUF file (no tensor directory, no memmap), for listing models cheaply: the values
+    of the keys ``keep`` accepts (the others are parsed over, not kept). Raises GGUFError on a bad header."""
     path = os.fspath(path)
+    return _read_header(path, 8 << 20, lambda head, size: _parse_kv(path, head, size, keep)[1])
+
+
+def _read_one(path: str) -> GGUFFile:
+    # the header of a 262k-token vocabulary is ~7 MB
+    return _read_header(path, 16 << 20, lambda head, size: _parse(path, head, size))
+
+
+def _read_header(path: str, n: int, parse: Callable[[bytes, int], Any]) -> Any:
+    """parse(first bytes of the file, file size), with more bytes each time the header runs past them."""
     try:
         file_size = os.path.getsize(path)
         with open(path, "rb") as f:
-            n = 16 << 20  # the header of a 262k-token vocabulary is ~7 MB
             while True:
                 f.seek(0)
                 head = f.read(min(n, file_size))
                 try:
-                    return _parse(path, head, file_size)
+                    return parse(head, file_size)
                 except _NeedMore:
                     n *= 4
     except OSError as e:
         raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def _parse(path: str, head: bytes, file_size: int) -> GGUFFile:
+def _parse_kv(path: str, head: bytes, file_size: int, keep: Callable[[str], bool]):
+    """(cursor after the metadata, the metadata ``keep`` accepts, tensor count, version) of a GGUF header."""
     if len(head) < 4 or struct.unpack_from("<I", head, 0)[0] != GGUF_MAGIC:
         raise GGUFError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
     cur = _Cursor(memoryview(head), path, file_size)
@@ -276,11 +318,20 @@ def _parse(path: str, head: bytes, file_size: int) -> GGUFFile:
     if n_tensors > 1_000_000 or n_kv > 1_000_000 or n_tensors * _MIN_TENSOR + n_kv * _MIN_KV > file_size:
         raise GGUFError(f"{path}: implausible header counts (tensors={n_tensors}, kv={n_kv})")
     metadata: dict[str, Any] = {}
+    seen: set[str] = set()
     for _ in range(n_kv):
         key = cur.string()
-        if key in metadata:
+        if key in seen:
             raise GGUFError(f"{path}: corrupt GGUF header: metadata key {key!r} appears twice")
-        metadata[key] = cur.value(cur.u32())
+        seen.add(key)
+        value = cur.value(cur.u32())
+        if keep(key):
+            metadata[key] = value
+    return cur, metadata, n_tensors, version
+
+
+def _parse(path: str, head: bytes, file_size: int) -> GGUFFile:
+    cur, metadata, n_tensors, version = _parse_kv(path, head, file_size, lambda key: True)
     raw_infos = []
     for _ in range(n_tensors):
         name = cur.string()

@@ -137,20 +137,26 @@ def spec_to_dict(spec: TinyModelSpec) -> dict:
     return asdict(spec)
 
 
-def write_spec(path: str | Path, spec: TinyModelSpec) -> Path:
+def write_spec(path: str | Path, spec: TinyModelSpec, *, split_max_tensors: int = 0, small_first_shard: bool = False,
+               strings: dict[str, str] | None = None) -> Path:
+    """Write the model of `spec` to `path`. split_max_tensors > 0: a split model as gguf-split writes it,
+    `path`'s stem + -00001-of-0000N.gguf ... (returns the first shard's path); small_first_shard: its first shard
+    holds metadata only (gguf-split --no-tensor-first-split). strings: extra string metadata (e.g. a chat template)."""
     import gguf
 
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), spec.arch)
+    w = gguf.GGUFWriter(str(path), spec.arch, split_max_tensors=split_max_tensors, small_first_shard=small_first_shard)
     _add_metadata(w, spec)
     _add_vocab(w, spec)
+    for key, value in (strings or {}).items():
+        w.add_string(key, value)
     for name, arr in _tensors(spec):
         _add_tensor(w, name, arr, spec.qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(path)[0]
 
 
 # ------------------------------------------------------------------------------------------------------------------
