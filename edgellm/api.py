@@ -287,6 +287,16 @@ class LLM:
         finally:
             eng.kv_manager.free(sc, cache=False)
 
+    def embed(self, texts, *, pooling: str | None = None) -> np.ndarray:
+        """L2-normalised embeddings (N, d_model) float32 of texts (a string, a list of strings, or token-id lists),
+        pooled as the GGUF file says (mean for a plain decoder; see edgellm/embeddings.py), many inputs per
+        forward. Raises InvalidRequestError / ContextOverflowError."""
+        from edgellm.embeddings import embed_ids
+
+        single = isinstance(texts, str) or (isinstance(texts, list) and texts and isinstance(texts[0], int))
+        items = [texts] if single else list(texts)
+        return embed_ids(self, [self.prompt_ids(t) for t in items], pooling=pooling)
+
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no
         sampling, nothing cached): for scoring and for comparisons with reference implementations."""
