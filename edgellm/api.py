@@ -171,6 +171,22 @@ class LLM:
         return self.chat_template.render_prompt(messages, add_generation_prompt=add_generation_prompt,
                                                 tokenizer_adds_bos=self.tokenizer.add_bos, **extra)
 
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, *, tools: list[dict] | None = None,
+             tool_choice=None, parallel_tool_calls: bool = True, reasoning_effort=None, **template_kwargs):
+        """One assistant turn of a conversation (returns a chat_turn.TurnResult: content, reasoning_content,
+        tool_calls, finish_reason, output). tools / tool_choice ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}) as in OpenAI's API: required and named calls are constrained so they parse and
+        their arguments validate. reasoning_effort ("low" / "medium" / "high" or a token count) bounds the thinking
+        of a reasoning model. Raises InvalidRequestError."""
+        from edgellm.chat_turn import ChatTurn
+
+        turn = ChatTurn(self, messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                        reasoning_effort=reasoning_effort, template_kwargs=template_kwargs)
+        out = self.generate(turn.prompt, turn.sampling(params or SamplingParams()))
+        result = turn.result(out.text, out.finish_reason)
+        result.output = out
+        return result
+
     # -- capacity and health --------------------------------------------------------------------------
     @functools.cached_property
     def capacity(self) -> Capacity:
@@ -281,6 +297,16 @@ class LLM:
             yield sc
         finally:
             eng.kv_manager.free(sc, cache=False)
+
+    def embed(self, texts, *, pooling: str | None = None) -> np.ndarray:
+        """L2-normalised embeddings (N, d_model) float32 of texts (a string, a list of strings, or token-id lists),
+        pooled as the GGUF file says (mean for a plain decoder; see edgellm/embeddings.py), many inputs per
+        forward. Raises InvalidRequestError / ContextOverflowError."""
+        from edgellm.embeddings import embed_ids
+
+        single = isinstance(texts, str) or (isinstance(texts, list) and texts and isinstance(texts[0], int))
+        items = [texts] if single else list(texts)
+        return embed_ids(self, [self.prompt_ids(t) for t in items], pooling=pooling)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw logits (T, n_vocab) of every position of a token sequence evaluated from position 0 (no

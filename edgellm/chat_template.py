@@ -272,6 +272,15 @@ class ChatTemplate:
             raise InvalidRequestError(f"chat template {name!r} has a syntax error at line {e.lineno}: "
                                       f"{_one_line(e)}") from e
 
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (renders tool definitions itself)."""
+        if not hasattr(self, "_uses_tools"):
+            from jinja2 import meta
+
+            self._uses_tools = "tools" in meta.find_undeclared_variables(_ENV.parse(self.source))
+        return self._uses_tools
+
     @classmethod
     def builtin(cls, name: str, *, bos_token: str, eos_token: str, notice: str | None = None) -> "ChatTemplate":
         """The built-in template ``name`` (a key of BUILTIN_TEMPLATES)."""

@@ -32,6 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None = off; k >= 0: record each token's logprob and the top k alternatives
+    skip_special_tokens: bool = True  # False: control tokens show in the text (tool-call openers such as [TOOL_CALLS])
     # constrained decoding (at most one; see edgellm/structured.py): a JSON schema (dict / JSON string; True = any
     # JSON object), a regex the whole output matches, a list of allowed outputs, or a Lark / GBNF grammar
     json_schema: dict | str | bool | None = None

@@ -74,10 +74,24 @@ def compile_grammar(*, json_schema: Any = None, regex: str | None = None, choice
         raise
     except (ValueError, TypeError) as e:  # bad JSON text, GBNF that does not convert
         raise InvalidRequestError(f"invalid {kind}: {e}") from None
+    return _validated(llg, g, kind)
+
+
+def _validated(llg, g: str, kind: str) -> str:
     err = llg.LLMatcher.validate_grammar(g)
     if err:
         raise InvalidRequestError(f"invalid {kind}: {err.strip()}")
     return g
+
+
+def compile_lark(text: str) -> str:
+    """The validated llguidance grammar of a Lark text (never read as GBNF); raises InvalidRequestError."""
+    llg = _llg()
+    try:
+        g = llg.grammar_from("lark", text)
+    except (ValueError, TypeError) as e:
+        raise InvalidRequestError(f"invalid grammar: {e}") from None
+    return _validated(llg, g, "grammar")
 
 
 class _TokenizerView:
@@ -200,9 +214,12 @@ class ForcedMatcher:
 
 
 def make_matcher(compiled, tokenizer):
-    """The per-request matcher for SamplingParams.compiled_grammar (an llguidance grammar or a TokenSequence)."""
+    """The per-request matcher for SamplingParams.compiled_grammar (an llguidance grammar, a TokenSequence or an
+    object with a `matcher(tokenizer)` method)."""
     if isinstance(compiled, TokenSequence):
         return ForcedMatcher(compiled.ids)
+    if hasattr(compiled, "matcher"):  # a composite constraint (reasoning.ReasoningGrammar) builds its own
+        return compiled.matcher(tokenizer)
     return GrammarMatcher(ll_tokenizer(tokenizer), compiled)
 
 

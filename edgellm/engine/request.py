@@ -75,7 +75,7 @@ class Request:
         self.max_len = max_len  # prompt + output may not exceed this (the context size)
         self.sampler = Sampler(params)
         self.matcher = None  # a structured.GrammarMatcher when params constrain the output
-        self.detok = IncrementalDetokenizer(tokenizer, skip_special=True)
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special=params.skip_special_tokens)
         self.stop = StopMatcher(params.stop)
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(tokenizer.stop_ids))
         self.output_ids: list[int] = []

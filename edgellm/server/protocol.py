@@ -1,8 +1,8 @@
 """OpenAI-compatible request and response models (pydantic), and their mapping onto SamplingParams.
 
 Requests are strict about types (a string where a number belongs is a 400, not a silent cast) and ignore unknown
-fields, as OpenAI's clients send new optional fields over time. Fields we accept but cannot honour (tools,
-non-text response formats, suffix, best_of != n) are rejected with a clear 400 rather than ignored.
+fields, as OpenAI's clients send new optional fields over time. Fields we accept but cannot honour (non-text
+response formats, suffix, best_of != n) are rejected with a clear 400 rather than ignored.
 Responses are built as plain dicts by the app; the response models here document them in /openapi.json.
 """
 from __future__ import annotations
@@ -74,20 +74,74 @@ class TextPart(_Request):
     text: str
 
 
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant's earlier calls.")
+    tool_call_id: str | None = Field(None, description="The call a tool message answers.")
+    reasoning_content: str | None = Field(None, description="An assistant's earlier reasoning.")
 
 
-class ChatCompletionRequest(_Sampling):
+class FunctionDef(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments.")
+    strict: bool | None = None
+
+
+class ToolDef(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoiceType = Union[Literal["auto", "none", "required"], NamedToolChoice]
+ReasoningEffort = Union[Literal["none", "minimal", "low", "medium", "high"], Annotated[int, Field(ge=0)]]
+
+
+class _Tools(_Request):
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: ToolChoiceType | None = None
+    parallel_tool_calls: bool = True
+    reasoning_effort: ReasoningEffort | None = Field(
+        None, description="Thinking budget of reasoning models: a level or a number of tokens.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra chat-template variables.")
+
+    def turn_options(self) -> dict:
+        """ChatTurn keywords of this request."""
+        return {"tools": [t.model_dump(exclude_none=True) for t in self.tools] if self.tools is not None else None,
+                "tool_choice": self.tool_choice.model_dump() if isinstance(self.tool_choice, BaseModel)
+                else self.tool_choice,
+                "parallel_tool_calls": self.parallel_tool_calls, "reasoning_effort": self.reasoning_effort,
+                "template_kwargs": self.chat_template_kwargs}
+
+
+class ChatCompletionRequest(_Sampling, _Tools):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Takes precedence over max_tokens.")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
 
 
 # -- completions --------------------------------------------------------------------------------------------------
@@ -149,9 +203,17 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -294,12 +356,19 @@ def sampling_params(req: _Sampling, *, max_tokens: int, n_vocab: int, logprobs: 
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as the chat template expects them: role and string content (text parts joined)."""
+    """Messages as the chat template expects them: role and string content (text parts joined), plus an
+    assistant's tool_calls / reasoning_content and a tool message's tool_call_id / name when given."""
     out = []
     for m in messages:
         content = m.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": content or ""})
+        d = {"role": role, "content": content or ""}
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        for key in ("tool_call_id", "name", "reasoning_content"):
+            if getattr(m, key) is not None:
+                d[key] = getattr(m, key)
+        out.append(d)
     return out

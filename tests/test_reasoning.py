@@ -1,0 +1,204 @@
+"""Reasoning models: `<think>` split into reasoning_content (whole and streamed), the budget that inserts the closing
+tag, and structured output after free thinking. A tiny random model gets a `<think>` chat template written here, and
+a stub on its forward pushes a scripted token sequence (the "thinking"), so what the model thinks is known."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+
+from edgellm.reasoning import ReasoningSplitter, budget_tokens, reasoning_mode  # noqa: E402
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
+# R1-distill style: the generation prompt opens the thinking; Qwen3 style: the model opens it itself
+OPEN_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+MAYBE_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>{% endif %}{# may write <think> #}")
+THOUGHT = "The user wants a small JSON object; I will answer with one."
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 9}},
+          "required": ["ok", "n"], "additionalProperties": False}
+USER = [{"role": "user", "content": "Give me JSON."}]
+
+
+def split_whole_and_streamed(text: str, start: str) -> tuple[str, str]:
+    whole = ReasoningSplitter(start).feed(text, final=True)
+    s, r, c = ReasoningSplitter(start), "", ""
+    for ch in text:
+        a, b = s.feed(ch)
+        r, c = r + a, c + b
+    a, b = s.feed("", final=True)
+    assert (r + a, c + b) == whole
+    return whole
+
+
+@pytest.mark.parametrize("text,start,want", [
+    ("<think>\nhmm, 3 < 4\n</think>\n\nThe answer.", "maybe", ("hmm, 3 < 4", "The answer.")),
+    ("hmm\n</think>\n\nThe answer.", "open", ("hmm", "The answer.")),
+    ("The answer without thinking.", "maybe", ("", "The answer without thinking.")),
+    ("  <think>a</think>b", "maybe", ("a", "b")),
+    ("<think>\ncut off by max_tokens", "maybe", ("cut off by max_tokens", "")),
+    ("<thin", "maybe", ("", "<thin")),
+])
+def test_splitter_whole_equals_streamed(text, start, want):
+    assert split_whole_and_streamed(text, start) == want
+
+
+def test_modes_of_real_templates():
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    r1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    from edgellm.chat_template import ChatTemplate
+
+    def prompt(src, **kw):
+        return ChatTemplate(src).render(USER, add_generation_prompt=True, **kw)
+
+    assert reasoning_mode(r1, prompt(r1)).start == "open"
+    assert reasoning_mode(qwen3, prompt(qwen3)).start == "maybe"
+    assert reasoning_mode(qwen3, prompt(qwen3, enable_thinking=False)) is None  # an empty block closes it
+    gemma = (TEMPLATES / "gemma3.jinja").read_text()
+    assert reasoning_mode(gemma, prompt(gemma)) is None
+    assert budget_tokens("low") == 256 and budget_tokens(12) == 12 and budget_tokens("high") is None
+    with pytest.raises(Exception):
+        budget_tokens("extreme")
+
+
+# -- a tiny model thinking a scripted thought --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    from edgellm import LLM
+
+    llm = LLM(tiny_model("gemma3"), ctx_size=256, progress=False)
+    yield llm
+    llm.shutdown()
+
+
+class Script:
+    """Stub on the model's forward: the i-th generated token of the request gets a +1000 logit for script[i] (a
+    grammar mask still has the last word, so a forced closing tag or a JSON constraint wins over the script)."""
+
+    def __init__(self, llm, template: str):
+        from edgellm.chat_template import ChatTemplate
+
+        self.llm, self.ids, self.prompt_len = llm, [], 0
+        llm.__dict__["chat_template"] = ChatTemplate(template, name="test-think")  # the template the tests write
+        self._forward = llm.model.forward
+        llm.model.forward = self.forward
+
+    def set(self, messages, script_text: str, *, after: int = 0):
+        """Script the output from its token `after` on (earlier ones: what the matcher forces)."""
+        from edgellm.chat_turn import ChatTurn
+
+        self.prompt_len = len(self.llm.prompt_ids(ChatTurn(self.llm, messages).prompt)) + after
+        self.ids = self.llm.tokenize(script_text, special=False)
+
+    def forward(self, batch, kv):
+        logits = self._forward(batch, kv)  # (rows, V)
+        for r, row in enumerate(batch.logit_rows):
+            i = int(batch.positions[row]) + 1 - self.prompt_len  # index of the token being chosen
+            if 0 <= i < len(self.ids):
+                logits[r, self.ids[i]] += 1000.0
+        return logits
+
+    def close(self):
+        self.llm.model.forward = self._forward
+        self.llm.__dict__.pop("chat_template", None)
+
+
+@pytest.fixture
+def script(tiny):
+    s = Script(tiny, OPEN_TEMPLATE)
+    yield s
+    s.close()
+
+
+def test_reasoning_content_is_split_from_the_answer(tiny, script):
+    from edgellm import SamplingParams
+
+    script.set(USER, THOUGHT + "\n</think>\n\nDone.")
+    r = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=120))
+    assert r.reasoning_content == THOUGHT
+    assert r.content.startswith("Done.") and "</think>" not in r.content
+    assert r.output.text.startswith(THOUGHT)  # the raw output holds both
+
+
+def test_json_schema_answer_after_free_thinking(tiny, script):
+    from edgellm import SamplingParams
+
+    script.set(USER, THOUGHT + "\n</think>\n\n")
+    r = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=150, json_schema=SCHEMA))
+    assert r.reasoning_content == THOUGHT  # the schema did not block the thinking (nor its closing tag)
+    jsonschema.validate(json.loads(r.content), SCHEMA)
+    assert r.finish_reason == "stop"
+
+
+def test_budget_cuts_the_thinking_with_the_closing_tag(tiny, script):
+    from edgellm import SamplingParams
+
+    long_thought = " ".join(["thinking"] * 40)
+    script.set(USER, long_thought)  # never closes by itself
+    budget = 6
+    r = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=60, json_schema=SCHEMA), reasoning_effort=budget)
+    assert r.reasoning_content == tiny.detokenize(script.ids[:budget]).strip()
+    assert "</think>" in r.output.text  # inserted
+    jsonschema.validate(json.loads(r.content), SCHEMA)
+    free = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=30), reasoning_effort=0)
+    assert free.reasoning_content is None and free.output.text.startswith("</think>")
+
+
+def test_maybe_template_opens_the_thinking_for_a_constraint(tiny):
+    from edgellm import SamplingParams
+
+    s = Script(tiny, MAYBE_TEMPLATE)
+    try:
+        s.set(USER, THOUGHT + "\n</think>\n\n", after=len(tiny.tokenize("<think>\n", special=True)))
+        r = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=150, json_schema=SCHEMA))
+        assert r.output.text.startswith("<think>\n")
+        assert r.reasoning_content == THOUGHT
+        jsonschema.validate(json.loads(r.content), SCHEMA)
+    finally:
+        s.close()
+
+
+def test_server_streams_reasoning_content(tiny, script):
+    openai = pytest.importorskip("openai")
+    from test_server import ServerThread
+
+    from edgellm.server.app import create_app
+
+    script.set(USER, THOUGHT + "\n</think>\n\n")
+    srv = ServerThread(create_app(tiny))
+    try:
+        cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        kw = dict(model=None, messages=USER, temperature=0, max_tokens=150,
+                  response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}})
+        whole = cl.chat.completions.create(**kw).choices[0].message
+        assert whole.reasoning_content == THOUGHT
+        jsonschema.validate(json.loads(whole.content), SCHEMA)
+        reasoning, content, n_r = "", "", 0
+        for ch in cl.chat.completions.create(stream=True, **kw):
+            d = ch.choices[0].delta if ch.choices else None
+            if d is not None and getattr(d, "reasoning_content", None):
+                reasoning += d.reasoning_content
+                n_r += 1
+            if d is not None and d.content:
+                content += d.content
+        assert (reasoning, content) == (THOUGHT, whole.content)
+        assert n_r > 3  # the reasoning arrives in pieces, not at the end
+        budget = cl.chat.completions.create(**{**kw, "reasoning_effort": "low"}).choices[0].message
+        assert budget.reasoning_content == THOUGHT  # low (256 tokens) does not cut this short thought
+    finally:
+        srv.stop()
+
+
+def test_stub_really_forces(tiny, script):
+    """Without the script, the tiny model does not write the thought (the tests above are not vacuous)."""
+    from edgellm import SamplingParams
+
+    script.ids = []
+    r = tiny.chat(USER, SamplingParams(temperature=0, max_tokens=20))
+    assert THOUGHT[:10] not in r.output.text
