@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from edgellm.engine.engine import Engine
+from edgellm.engine.kv_cache import check_kv_dtype
 from edgellm.engine.loop import EngineLoop
 from edgellm.engine.request import RequestOutput
 from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
@@ -102,6 +103,8 @@ class LLM:
                  kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,
                  load_tokenizer: bool = True, kv_dtype: str = "f32", prompt_cache: str | os.PathLike | None = None,
                  prompt_cache_gb: float | None = None):
+        """kv_dtype: how the KV cache stores K/V, one of edgellm.engine.kv_cache.KV_DTYPES: "f32", "f16" / "bf16"
+        (half the memory), "q8_0" (ggml's 8-bit blocks, 0.53x f16's memory; head sizes must be multiples of 32)."""
         if progress is None:
             progress = sys.stderr.isatty()
         from kernels_cpu import physical_cores, set_threads
@@ -110,6 +113,7 @@ class LLM:
         set_threads(self.threads)
         self.loaded = load_model(model, progress=progress)
         cfg = self.loaded.config
+        check_kv_dtype(kv_dtype, cfg)  # before the weights are prepared
         self.config = cfg
         self.ctx_size = min(ctx_size or DEFAULT_CTX, cfg.n_ctx_train)
         if self.ctx_size < 2:

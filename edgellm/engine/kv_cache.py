@@ -1,14 +1,15 @@
-"""The paged K/V arrays: per layer (n_blocks, block_size, n_kv_heads, head_dim) in NumPy."""
+"""The paged K/V arrays: per layer (n_blocks, block_size, n_kv_heads, head_dim) in NumPy, in one of KV_DTYPES."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from edgellm.engine.swa import WindowSlots
+from edgellm.errors import InvalidRequestError, UnsupportedModelError
 from edgellm.loader import ModelConfig
-
-
-# compact types are kept as bit patterns: f16 in int16 (llama.cpp's default KV type), bf16 in uint16
-KV_DTYPES = {"f32": np.float32, "f16": np.int16, "bf16": np.uint16}
+from kernels_cpu.attention_q8 import QK8_0, Q8Cache, quantize_q8_0
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -24,36 +25,82 @@ def to_f16_bits(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.int16)
 
 
-ENCODE = {"f16": to_f16_bits, "bf16": to_bf16_bits}
+@dataclass(frozen=True)
+class KVCodec:
+    """How one of K or V is stored: its arrays per (token, KV head) row of hd values, and how float32 rows
+    become their contents. Every array of a layer keeps the leading axes (block or slot, row in block, KV head)."""
+
+    parts: Callable[[int], tuple]  # hd -> ((row width, dtype), ...): one storage array each
+    encode: Callable[[np.ndarray], tuple]  # (T, KVH, hd) float32 -> one (T, KVH, width) array per part
+    view: Callable[[tuple], object] = lambda arrays: arrays[0]  # the arrays as paged_attention takes them
+    block: int = 1  # hd must be a multiple of this
+
+
+def _plain(dtype, encode=lambda x: x):
+    return KVCodec(parts=lambda hd: ((hd, dtype),), encode=lambda x: (encode(x),))
+
+
+# compact types are kept as bit patterns: f16 in int16 (llama.cpp's default KV type), bf16 in uint16; q8_0 as
+# ggml's blocks (kernels_cpu/attention_q8.py). The attention kernels read every form in place.
+KV_DTYPES = {
+    "f32": _plain(np.float32),
+    "f16": _plain(np.int16, to_f16_bits),
+    "bf16": _plain(np.uint16, to_bf16_bits),
+    "q8_0": KVCodec(parts=lambda hd: ((hd, np.int8), (hd // QK8_0, np.int16)), encode=quantize_q8_0,
+                    view=lambda arrays: Q8Cache(*arrays), block=QK8_0),
+}
+
+
+def check_kv_dtype(kv_dtype: str, cfg: ModelConfig | None = None) -> KVCodec:
+    """The codec of kv_dtype; InvalidRequestError for an unknown name, UnsupportedModelError if the model's
+    head sizes do not split into the type's blocks (q8_0: 32, as in ggml)."""
+    codec = KV_DTYPES.get(kv_dtype)
+    if codec is None:
+        raise InvalidRequestError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}; got {kv_dtype!r}")
+    if cfg is not None and (cfg.head_dim % codec.block or cfg.v_head_dim % codec.block):
+        raise UnsupportedModelError(f"kv_dtype {kv_dtype} needs head sizes that are multiples of {codec.block}; "
+                                    f"this model's K/V heads have {cfg.head_dim}/{cfg.v_head_dim} values "
+                                    f"(use kv_dtype f16)")
+    return codec
 
 
 class PagedKVCache:
     """Block-paged K/V storage shared by all sequences; which block belongs to whom is the BlockPool's job.
 
-    kv_dtype "f32" (default), "f16" or "bf16" (half the memory; the attention kernel widens them on the fly).
+    kv_dtype: a name of KV_DTYPES: "f32" (default), "f16" or "bf16" (half the memory), "q8_0" (0.53x f16's).
     swa_slots: if set (models with sliding-window layers), those layers keep K/V in swa_slots + 1 slots managed
     by a WindowSlots (engine/swa.py) instead of one entry per block."""
 
     def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, kv_dtype: str = "f32",
                  swa_slots: int | None = None):
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}")
-        dtype = KV_DTYPES[kv_dtype]
+        self.codec = codec = check_kv_dtype(kv_dtype, cfg)
         self.kv_dtype = kv_dtype
         self.n_blocks, self.block_size = n_blocks, block_size
         trim = bool(swa_slots) and cfg.sliding_window > 0 and swa_slots < n_blocks
         self.windows = WindowSlots(n_blocks, swa_slots, block_size, cfg.sliding_window) if trim else None
         self.trimmed = tuple(trim and local for local in cfg.swa_layers)  # per layer: K/V indexed by slot
         rows = [swa_slots + 1 if t else n_blocks for t in self.trimmed]
-        self.k = [np.zeros((n, block_size, cfg.n_kv_heads, cfg.head_dim), dtype=dtype) for n in rows]
-        self.v = [np.zeros((n, block_size, cfg.n_kv_heads, cfg.v_head_dim), dtype=dtype) for n in rows]
+
+        def arrays(n, hd):  # one array per codec part: (n, BS, KVH, width)
+            return tuple(np.zeros((n, block_size, cfg.n_kv_heads, w), dtype) for w, dtype in codec.parts(hd))
+
+        self._k = [arrays(n, cfg.head_dim) for n in rows]
+        self._v = [arrays(n, cfg.v_head_dim) for n in rows]
+        self.k = [codec.view(a) for a in self._k]  # per layer: K as paged_attention takes it
+        self.v = [codec.view(a) for a in self._v]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return sum(a.nbytes for i in range(len(self._k)) for a in self.storage(i))
+
+    def storage(self, i: int) -> tuple[np.ndarray, ...]:
+        """Every array of layer i (K's parts, then V's), each indexed by block (slot for a trimmed layer) on axis
+        0 and by row in the block on axis 1: what copying or saving a block must take."""
+        return self._k[i] + self._v[i]
 
     def layer(self, i: int):
-        """(K, V) arrays of layer i: (NB, BS, KVH, hd) each (NB = slots + 1 for a trimmed layer)."""
+        """(K, V) of layer i as paged_attention takes them: (NB, BS, KVH, hd) arrays, or Q8Cache for q8_0 (NB =
+        slots + 1 for a trimmed layer)."""
         return self.k[i], self.v[i]
 
     def tables(self, i: int, batch) -> np.ndarray:
@@ -74,26 +121,23 @@ class PagedKVCache:
             slots = self.windows.prepare_copy(src, dst, keep)
             if slots is None:
                 return False
-        for i in range(len(self.k)):
+        for i in range(len(self._k)):
             s, d = slots if self.trimmed[i] else (src, dst)
-            self.k[i][d, :n] = self.k[i][s, :n]
-            self.v[i][d, :n] = self.v[i][s, :n]
+            for a in self.storage(i):
+                a[d, :n] = a[s, :n]
         return True
 
     def write(self, i: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""
-        kf = self.k[i].reshape(-1, *self.k[i].shape[2:])
-        vf = self.v[i].reshape(-1, *self.v[i].shape[2:])
-        if self.kv_dtype != "f32":
-            k, v = ENCODE[self.kv_dtype](k), ENCODE[self.kv_dtype](v)
-        kf[slots] = k
-        vf[slots] = v
+        parts = self.codec.encode(k) + self.codec.encode(v)
+        for a, p in zip(self.storage(i), parts):
+            a.reshape(-1, *a.shape[2:])[slots] = p
 
     # -- block contents for the prompt cache on disk (engine/prompt_cache.py) ----------------------------------
     def block_stores(self) -> list[tuple[np.ndarray, bool]]:
         """Every per-layer storage array, indexed by block (or, if the flag is set, by sliding-window slot) on
         axis 0: the unit export_block / import_block work over."""
-        return [(a, t) for arrays in (self.k, self.v) for a, t in zip(arrays, self.trimmed)]
+        return [(a, t) for i, t in enumerate(self.trimmed) for a in self.storage(i)]
 
     def export_block(self, b: int) -> list[np.ndarray | None]:
         """Copies of block b's rows in every store (block_stores order): (BS, ...) each; None for a slot-indexed
