@@ -3,9 +3,9 @@
 Public names: LLM, SamplingParams, Engine, load_model, and the errors (EdgeLLMError and subclasses).
 Heavy modules are imported on first use so `edgellm --help` stays instant.
 """
-from edgellm.errors import (ContextOverflowError, EdgeLLMError, EngineDeadError, EngineStoppedError, GGUFError,
-                            InvalidRequestError, ModelNotFoundError, UnsupportedModelError,
-                            UnsupportedQuantTypeError)
+from edgellm.errors import (ChecksumMismatchError, ContextOverflowError, EdgeLLMError, EngineDeadError,
+                            EngineStoppedError, GGUFError, InvalidRequestError, ModelDownloadError,
+                            ModelNotFoundError, UnsupportedModelError, UnsupportedQuantTypeError)
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,8 @@ _LAZY = {
 
 __all__ = ["LLM", "SamplingParams", "Engine", "load_model", "RequestOutput", "EdgeLLMError", "GGUFError",
            "UnsupportedModelError", "UnsupportedQuantTypeError", "ModelNotFoundError", "ContextOverflowError",
-           "InvalidRequestError", "EngineStoppedError", "EngineDeadError"]
+           "InvalidRequestError", "EngineStoppedError", "EngineDeadError", "ModelDownloadError",
+           "ChecksumMismatchError"]
 
 
 def __getattr__(name):

@@ -39,14 +39,17 @@ def _source(g: GGUFFile) -> dict:
 def _key(g: GGUFFile, names: list[str]) -> str:
     src = _source(g)
     h = hashlib.sha256(f"{src['path']}|{src['size']}|{src['mtime_ns']}|{src['code']}".encode())
+    for p in g.paths[1:]:  # a split model's other shards
+        st = os.stat(p)
+        h.update(f"|{os.path.realpath(p)}|{st.st_size}|{st.st_mtime_ns}".encode())
     h.update("|".join(names).encode())
     return h.hexdigest()[:24]
 
 
 def _release_pages(g: GGUFFile, name: str) -> None:
     """Drop the raw tensor's pages from this process (they were read once, for repacking)."""
-    mm = getattr(g.data, "_mmap", None)
     t = g.tensors[name]
+    mm = getattr(g.shard_data[t.shard] if t.shard else g.data, "_mmap", None)  # the tensor's own file
     if mm is None or not hasattr(mm, "madvise"):
         return
     start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE

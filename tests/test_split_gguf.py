@@ -90,6 +90,19 @@ def test_split_model_logits_equal_the_whole_and_llamacpps(models):
     assert np.abs(got - want).max() / np.abs(want).max() <= 1e-3
 
 
+def test_weight_cache_key_covers_every_shard(models, tmp_path):
+    import os
+
+    from edgellm.gguf_file import read_gguf
+    from edgellm.weight_cache import _key
+
+    first, second, third = copy_shards(models, tmp_path / "m")
+    names = sorted(read_gguf(first).tensors)
+    before = _key(read_gguf(first), names)
+    os.utime(third, ns=(0, 12345))  # another shard changed, the first did not
+    assert _key(read_gguf(first), names) != before
+
+
 def test_llamacpp_loads_the_same_shards(models):
     """llama.cpp's own loader takes the shards for the same model (optional: needs llama-cpp-python)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (PYTHONPATH=/opt/llama_avx512)")
