@@ -7,6 +7,8 @@ import time
 
 import click
 
+KV_DTYPE_HELP = "KV cache type for K and V: f32, f16, bf16 or q8_0 (llama.cpp's -ctk/-ctv q8_0: 0.53x f16's memory)."
+
 
 @click.command()
 @click.option("--model", "-m", "model", default=None, metavar="PATH",
@@ -25,10 +27,11 @@ import click
               help="Context size in tokens (default 4096, capped at the model's); older turns drop out beyond it.")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
               help="Worker threads (default: physical cores).")
+@click.option("--kv-dtype", default="f32", show_default=True, metavar="TYPE", help=KV_DTYPE_HELP)
 @click.option("--load", "load_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Resume a conversation saved with /save.")
 def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed, ctx_size, threads,
-         load_file):
+         kv_dtype, load_file):
     """Chat with a model in the terminal (streamed answers, prompt cache across turns).
 
     Type /help inside for commands. When stdin is not a terminal, each input line is one message and only the
@@ -37,10 +40,10 @@ def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_to
 
     friendly_errors(_run)(model=model, system=system, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
-                          ctx_size=ctx_size, threads=threads, load_file=load_file)
+                          ctx_size=ctx_size, threads=threads, kv_dtype=kv_dtype, load_file=load_file)
 
 
-def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
+def _run(*, model, system, ctx_size, threads, kv_dtype, load_file, **sampling) -> None:
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
@@ -54,7 +57,7 @@ def _run(*, model, system, ctx_size, threads, load_file, **sampling) -> None:
     if show:
         click.echo(f"loading {os.path.basename(path)} ...", err=True)
     t0 = time.perf_counter()
-    llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show)
+    llm = LLM(path, threads=threads, ctx_size=ctx_size, kv_dtype=kv_dtype, progress=show)
     session = ChatSession(llm, system=system, params=params)
     if load_file:
         session.load(load_file)

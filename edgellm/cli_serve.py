@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from edgellm.cli_chat import KV_DTYPE_HELP
 from edgellm.errors import EdgeLLMError
 
 
@@ -25,11 +26,12 @@ from edgellm.errors import EdgeLLMError
               help="KV cache size in tokens, shared by all requests (default: the context size).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
               help="Worker threads (default: physical cores).")
+@click.option("--kv-dtype", default="f32", show_default=True, metavar="TYPE", help=KV_DTYPE_HELP)
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the file name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
-          log_level):
+def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, kv_dtype,
+          served_model_name, log_level):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
     The port opens at once; /health answers 503 until the model is loaded."""
@@ -42,12 +44,15 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
         click.echo(f"edgellm: error: the server needs its extra: pip install 'edgellm[server]' ({e})", err=True)
         sys.exit(2)
     try:
+        from edgellm.engine.kv_cache import check_kv_dtype
+
+        check_kv_dtype(kv_dtype)  # a bad name fails here, not in the loading thread
         path = resolve_model(model, progress=sys.stderr.isatty())  # a wrong path fails here, not in the thread
     except EdgeLLMError as e:
         click.echo(f"edgellm: error: {e}", err=True)
         sys.exit(2)
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                  progress=False)
+                  kv_dtype=kv_dtype, progress=False)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
                      model_id=served_model_name)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
