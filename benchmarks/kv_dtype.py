@@ -56,8 +56,7 @@ def main() -> None:
         per_tok = kv.nbytes / (kv.n_blocks * kv.block_size)
         print(f"  {n:5s} decode {med * 1e3:7.2f} ms/token ({1 / med:6.1f} tok/s, {base / med:.3f}x {names[0]})  "
               f"prefill {a.prompt / prefill[n]:7.1f} tok/s ({prefill[names[0]] / prefill[n]:.3f}x)  "
-              f"KV {per_tok:8.0f} B/token ({per_tok * kv.n_blocks * kv.block_size / llms[names[0]].engine.kv.nbytes:.3f}x)")
-
+              f"KV {per_tok:8.0f} B/token ({kv.nbytes / llms[names[0]].engine.kv.nbytes:.3f}x)")
 
 if __name__ == "__main__":
     main()

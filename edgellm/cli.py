@@ -10,6 +10,7 @@ from collections import Counter
 
 import click
 
+from edgellm.cli_chat import KV_DTYPE_HELP
 from edgellm.cli_errors import friendly_errors
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
@@ -17,6 +18,7 @@ threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), def
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
                           help="Context size in tokens (default 4096, capped at the model's).")
+kv_dtype_option = click.option("--kv-dtype", default="f32", show_default=True, metavar="TYPE", help=KV_DTYPE_HELP)
 
 
 
@@ -114,18 +116,19 @@ def make_params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, se
 @sampling_options
 @threads_option
 @ctx_option
+@kv_dtype_option
 @click.option("--json-schema", "json_schema", type=click.File("r"), default=None,
               help="Constrain the output to JSON valid under this JSON schema file.")
 @prompt_cache_options
 @friendly_errors
-def generate(model, prompt, threads, ctx_size, json_schema, prompt_cache, prompt_cache_gb, **sp):
+def generate(model, prompt, threads, ctx_size, kv_dtype, json_schema, prompt_cache, prompt_cache_gb, **sp):
     """Complete a prompt; prints only the completion, streamed as it is produced."""
     params = make_params(**sp)
     if json_schema is not None:
         import dataclasses
 
         params = dataclasses.replace(params, json_schema=json_schema.read())  # invalid: a named error, exit 2
-    llm = _llm(model, threads, ctx_size, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+    llm = _llm(model, threads, ctx_size, kv_dtype=kv_dtype, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
     out = sys.stdout
     for piece in llm.stream(prompt, params):
         out.write(piece)
@@ -140,14 +143,15 @@ def generate(model, prompt, threads, ctx_size, json_schema, prompt_cache, prompt
 @click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True, help="Window size in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Last line: {ppl, n_tokens, nll}.")
 @threads_option
+@kv_dtype_option
 @friendly_errors
-def perplexity(model, file, ctx, as_json, threads):
+def perplexity(model, file, ctx, as_json, threads, kv_dtype):
     """Perplexity of a text file, computed as llama-perplexity does."""
     from edgellm.perplexity import perplexity as run
 
     with open(file, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    llm = _llm(model, threads, ctx_size=ctx)
+    llm = _llm(model, threads, ctx_size=ctx, kv_dtype=kv_dtype)
     res = run(llm, text, n_ctx=ctx, progress=sys.stderr.isatty())
     click.echo(f"perplexity: {res.ppl:.4f} over {res.n_tokens} tokens (ctx {ctx})", err=as_json)
     if as_json:

@@ -11,6 +11,8 @@ import click
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
 
+KV_DTYPE_HELP = "KV cache type for K and V: f32, f16, bf16 or q8_0 (llama.cpp's -ctk/-ctv q8_0: 0.53x f16's memory)."
+
 
 @click.command()
 @model_option
@@ -28,11 +30,12 @@ from edgellm.cli_pull import model_option
               help="Context size in tokens (default 4096, capped at the model's); older turns drop out beyond it.")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
               help="Worker threads (default: physical cores).")
+@click.option("--kv-dtype", default="f32", show_default=True, metavar="TYPE", help=KV_DTYPE_HELP)
 @click.option("--load", "load_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Resume a conversation saved with /save.")
 @prompt_cache_options(default_on=True)
 def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed, ctx_size, threads,
-         load_file, prompt_cache, prompt_cache_gb):
+         kv_dtype, load_file, prompt_cache, prompt_cache_gb):
     """Chat with a model in the terminal (streamed answers, prompt cache across turns).
 
     A long system prompt is computed once: its KV blocks are kept on disk (--prompt-cache) for the next start.
@@ -42,11 +45,11 @@ def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_to
 
     friendly_errors(_run)(model=model, system=system, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
-                          ctx_size=ctx_size, threads=threads, load_file=load_file, prompt_cache=prompt_cache,
-                          prompt_cache_gb=prompt_cache_gb)
+                          ctx_size=ctx_size, threads=threads, kv_dtype=kv_dtype, load_file=load_file,
+                          prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
 
 
-def _run(*, model, system, ctx_size, threads, load_file, prompt_cache, prompt_cache_gb, **sampling) -> None:
+def _run(*, model, system, ctx_size, threads, kv_dtype, load_file, prompt_cache, prompt_cache_gb, **sampling) -> None:
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
@@ -61,7 +64,7 @@ def _run(*, model, system, ctx_size, threads, load_file, prompt_cache, prompt_ca
     if show:
         click.echo(f"loading {os.path.basename(path)} ...", err=True)
     t0 = time.perf_counter()
-    llm = LLM(path, threads=threads, ctx_size=ctx_size, progress=show, prompt_cache=prompt_cache,
+    llm = LLM(path, threads=threads, ctx_size=ctx_size, kv_dtype=kv_dtype, progress=show, prompt_cache=prompt_cache,
               prompt_cache_gb=prompt_cache_gb)
     if model_kind(llm.loaded.metadata).is_base:  # completion-style: a transcript the base model continues
         llm.chat_template = completion_template(llm.tokenizer)

@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from edgellm.cli_chat import KV_DTYPE_HELP
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
 from edgellm.errors import EdgeLLMError
@@ -26,13 +27,14 @@ from edgellm.errors import EdgeLLMError
               help="KV cache size in tokens, shared by all requests (default: the context size).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
               help="Worker threads (default: physical cores).")
+@click.option("--kv-dtype", default="f32", show_default=True, metavar="TYPE", help=KV_DTYPE_HELP)
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the file name).")
 @click.option("--no-webui", is_flag=True, help="Leave out the browser chat at / and the dashboard at /dashboard.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @prompt_cache_options
-def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, served_model_name,
-          no_webui, log_level, prompt_cache, prompt_cache_gb):
+def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, kv_dtype,
+          served_model_name, no_webui, log_level, prompt_cache, prompt_cache_gb):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...), with a
     chat page at / and an engine dashboard at /dashboard.
 
@@ -46,12 +48,15 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
         click.echo(f"edgellm: error: the server needs its extra: pip install 'edgellm[server]' ({e})", err=True)
         sys.exit(2)
     try:
+        from edgellm.engine.kv_cache import check_kv_dtype
+
+        check_kv_dtype(kv_dtype)  # a bad name fails here, not in the loading thread
         path = resolve_model(model, progress=sys.stderr.isatty())  # a wrong path fails here, not in the thread
     except EdgeLLMError as e:
         click.echo(f"edgellm: error: {e}", err=True)
         sys.exit(2)
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                  progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+                  kv_dtype=kv_dtype, progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
                      model_id=served_model_name, webui=not no_webui)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

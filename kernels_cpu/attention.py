@@ -26,15 +26,15 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
 
     q: (T, H, hd) float32; kcache: (NB, BS, KVH, hd); vcache: (NB, BS, KVH, vd), each float32, f16 bits
     (int16), bf16 bits (uint16) or a q8_0 Q8Cache (kernels_cpu/attention_q8.py: read in place, as its values
-    d * q); positions, row_seq: (T,); block_tables: (S, MB) int32 block ids. Returns (T, H, vd) float32. Shapes and block ids are validated
-    here because the kernel does no bounds checks.
+    d * q); positions, row_seq: (T,); block_tables: (S, MB) int32 block ids. Returns (T, H, vd) float32.
+    Shapes and block ids are validated here because the kernel does no bounds checks.
 
     The float operations are llama.cpp's (ggml-cpu, F32 K/V cache, no flash attention), so an F32 cache gives
-    bit-identical results; the compact forms give what an F32 cache of their widened values gives. Like llama.cpp, the P @ V product sums in a different order for a sequence that has
-    a single row in the call (a decode step: ggml_vec_dot_f32) than for one with several (a prefill chunk:
-    tinyBLAS sgemm); rows of other sequences never matter. `single` (T,) bool chooses the order per row instead
-    (the engine passes "a generated token fed back", so a prompt row sums the same way however the prompt was
-    split into chunks or served from the prefix cache).
+    bit-identical results; a compact form gives what an F32 cache of its widened values gives. Like llama.cpp,
+    the P @ V product sums in a different order for a sequence that has a single row in the call (a decode step:
+    ggml_vec_dot_f32) than for one with several (a prefill chunk: tinyBLAS sgemm); rows of other sequences never
+    matter. `single` (T,) bool chooses the order per row instead (the engine passes "a generated token fed back",
+    so a prompt row sums the same way however the prompt was split into chunks or served from the prefix cache).
     """
     T, H, hd = q.shape
     NB, BS, KVH, khd = kcache.shape

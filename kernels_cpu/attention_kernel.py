@@ -69,7 +69,8 @@ def _reduce16(builder, v):
     v = builder.fadd(_lanes(builder, v, list(range(8, 16))), _lanes(builder, v, list(range(8))))
     v = builder.fadd(_lanes(builder, v, [4, 5, 6, 7]), _lanes(builder, v, [0, 1, 2, 3]))
     v = builder.fadd(v, _lanes(builder, v, [2, 3, 0, 1]))
-    return builder.fadd(builder.extract_element(v, ir.Constant(_I32, 0)), builder.extract_element(v, ir.Constant(_I32, 1)))
+    lane = [builder.extract_element(v, ir.Constant(_I32, i)) for i in (0, 1)]
+    return builder.fadd(*lane)
 
 
 def _reduce16_list(builder, xs):
@@ -175,7 +176,8 @@ def vdot(typingctx, a, aoff, b, boff, n):
     n % 64 == 0): 4 accumulators of 16 lanes (element i: lane i % 64, fma over i // 64), (s0 + s2) + (s1 + s3),
     reduce_add."""
     def codegen(context, builder, sig, args):
-        pa = builder.gep(_data(context, builder, sig.args[0], args[0]), [_as_i64(context, builder, sig.args[1], args[1])])
+        aoff_ = _as_i64(context, builder, sig.args[1], args[1])
+        pa = builder.gep(_data(context, builder, sig.args[0], args[0]), [aoff_])
         kb = _loader(context, builder, sig.args[2], args[2])
         boff_ = _as_i64(context, builder, sig.args[3], args[3])
         nn = _as_i64(context, builder, sig.args[4], args[4])
@@ -378,11 +380,12 @@ def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, nl, ac
 def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
                      job_lo, job_hi, s):
     # flat C-order views: out (T*H*vd,) of (T, H, vd); q (T*H*hd,) of (T, H, hd); kc, vc of the caches
-    # (NB, BS, KVH, hd) / (NB, BS, KVH, vd), in any form of attention_ir (q8_0: flat (qs, d) pairs); dims = (H, KVH, hd, vd, BS). positions, row_seq, single: (T,);
-    # block_tables: (S, MB); s: (group * S,) float32 scratch of this worker, S >= max_ctx + 128. Jobs
-    # [job_lo, job_hi) of the T * KVH (row, KV head) pairs; each does the `group` query heads of its KV head
-    # (K and V rows are read once for all of them). KV cells go in chunks of 16 (llama.cpp's softmax and sgemm
-    # lanes): s[g * S + j] holds head g's value for cell base + j, base a multiple of 16 (of 64 for a single row).
+    # (NB, BS, KVH, hd) / (NB, BS, KVH, vd) in any form (module doc; q8_0: flat (qs, d) pairs); dims = (H, KVH,
+    # hd, vd, BS). positions, row_seq, single: (T,); block_tables: (S, MB); s: (group * S,) float32 scratch of
+    # this worker, S >= max_ctx + 128. Jobs [job_lo, job_hi) of the T * KVH (row, KV head) pairs; each does the
+    # `group` query heads of its KV head (K and V rows are read once for all of them). KV cells go in chunks of
+    # 16 (llama.cpp's softmax and sgemm lanes): s[g * S + j] holds head g's value for cell base + j, base a
+    # multiple of 16 (of 64 for a single row).
     H, KVH, hd, vd, BS = dims
     group = H // KVH
     S = len(s) // group

@@ -70,7 +70,13 @@ def test_paged_attention_is_ggml_order(H, KVH, hd, window, softcap, P):
     v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
     q = (rng.normal(size=(P, H, hd)) * 3).astype(np.float32)
     kc, vc, bt = _paged(k, v, 16, rng)
-    kw = dict(window=window, scale=hd ** -0.5, softcap=softcap)
+    assert_ggml_order(q, kc, vc, bt, k, v, window=window, scale=hd ** -0.5, softcap=softcap)
+
+
+def assert_ggml_order(q, kc, vc, bt, k, v, **kw):
+    """Paged attention over caches kc/vc (block table bt) of the last 9 rows of q as a prefill chunk and of its
+    last row as a decode step == tests/ggml_ref.py on the values k/v (P, KVH, hd) they hold, bit for bit."""
+    P = len(q)
     rows = np.arange(max(0, P - 9), P)
     if len(rows) > 1:  # a prefill chunk
         got = paged_attention(q[rows], kc, vc, rows, np.zeros(len(rows), np.int64), bt, **kw)
@@ -78,6 +84,7 @@ def test_paged_attention_is_ggml_order(H, KVH, hd, window, softcap, P):
     last = rows[-1:]  # a decode step
     got = paged_attention(q[last], kc, vc, last, np.zeros(1, np.int64), bt, **kw)
     np.testing.assert_array_equal(got, ggml_ref.attention(q[last], k, v, last, single=True, **kw))
+    return got
 
 
 def test_attention_is_llama_cpps():

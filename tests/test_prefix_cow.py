@@ -231,15 +231,16 @@ def test_generated_rows_are_not_copied_as_prompt_rows(tiny_llm):
     assert_no_leaks(eng)
 
 
-def test_preempted_request_resumes_from_its_own_partial_block(tiny_llm):
+@pytest.mark.parametrize("kv_dtype", ["f32", "q8_0"])
+def test_preempted_request_resumes_from_its_own_partial_block(tiny_llm, kv_dtype):
     rng = np.random.default_rng(7)
     prompts = [[1] + rng.integers(3, 500, 37).tolist() for _ in range(3)]
-    eng = make_engine(tiny_llm, 160)
+    eng = make_engine(tiny_llm, 160, kv_dtype=kv_dtype)
     eng.scheduler.output_estimate = 1  # admit optimistically: running requests get preempted
     reqs = run(eng, prompts, 30)
     assert eng.scheduler.preemptions > 0 and eng.kv_manager.cow_copies > 0
     for r, p in zip(reqs, prompts):
-        assert (r.output_ids, r.logprobs) == cold(tiny_llm, p, 30)
+        assert (r.output_ids, r.logprobs) == cold(tiny_llm, p, 30, kv_dtype=kv_dtype)
     assert_no_leaks(eng)
 
 
