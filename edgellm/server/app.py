@@ -164,10 +164,11 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     from edgellm.server import chat_routes
 
     chat_routes.register(app, ready, guarded)
-    from edgellm.server import embeddings as embedding_routes, ollama
+    from edgellm.server import embeddings as embedding_routes, ollama, responses
 
     embedding_routes.register(app, ready, guarded)
     ollama.register(app, ready, guarded)
+    responses.register(app, ready, guarded)
 
     @app.post("/v1/completions", dependencies=guarded, response_model=P.Completion,
               responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}})
