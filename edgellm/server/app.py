@@ -23,6 +23,7 @@ from edgellm.server import protocol as P
 from edgellm.server.generation import Generation
 from edgellm.server.helpers import (_card, _chat_prompt, _check_common, _completion_logprobs, _completion_prompts,
                                     _params, _sse, _stream_response, _tokenized, _usage, error_reply)
+from edgellm.server.ollama_protocol import OllamaError
 from edgellm.server.state import ERROR_RESPONSES, ServerState, error_status, log
 
 _bearer = HTTPBearer(auto_error=False, description="Set when the server runs with --api-key.")
@@ -78,6 +79,10 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     guarded = [Depends(authorized)] if api_key else []  # no key: no security scheme in /openapi.json either
 
     # -- errors in OpenAI's shape (Ollama's under /api/) --
+    @app.exception_handler(OllamaError)
+    async def _ollama_error(request: Request, e: OllamaError):
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, e: P.APIError):
         return error_reply(request, e.body(), status_code=e.status, headers=e.headers)
@@ -165,9 +170,11 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     from edgellm.server import chat_routes
 
     chat_routes.register(app, ready, guarded)
-    from edgellm.server import embeddings as embedding_routes
+    from edgellm.server import embeddings as embedding_routes, ollama, responses
 
     embedding_routes.register(app, ready, guarded)
+    ollama.register(app, ready, guarded)
+    responses.register(app, ready, guarded)
 
     @app.post("/v1/completions", dependencies=guarded, response_model=P.Completion,
               responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}})

@@ -125,19 +125,25 @@ def _sse(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-class _EventStream(EventSourceResponse):
-    """SSE response that cancels its generation however the response ends (even if the client left before the
-    body started)."""
+class ClosingResponse:
+    """Mixin for a streaming response: `self._on_close()` runs however the response ends (even if the client left
+    before the body started), so its generation is cancelled."""
 
-    def __init__(self, content, on_close, **kw):
-        super().__init__(content, **kw)
-        self._on_close = on_close
+    _on_close = staticmethod(lambda: None)
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+class _EventStream(ClosingResponse, EventSourceResponse):
+    """SSE response that cancels its generation however it ends."""
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self._on_close = on_close
 
 
 def _stream_response(gen: Generation, events: AsyncIterator[str]):
