@@ -146,6 +146,19 @@ def test_a_bad_file_is_ignored_with_one_warning(tmp_path, caplog, damage):
     assert len(files(tmp_path)) == len(paths) - len(bad)  # bad files are deleted
 
 
+def test_a_file_evicted_by_another_process_is_forgotten_without_a_warning(tmp_path, caplog):
+    ids = list(range(8))
+    c = open_cache(tmp_path)
+    save(c, chain(ids))
+    c.flush()
+    chain_files(tmp_path, ids)[1].unlink()
+    caplog.set_level(logging.WARNING, "edgellm.prompt_cache")
+    (h0, t0, _), (h1, t1, _) = chain(ids)
+    assert c.load(h1, t1, windowed=True) is None and c.load(h0, t0, windowed=True) is not None
+    assert c.find([h0, h1]) == [True] and not warnings_of(caplog) and c.stats()["disk_bad_files"] == 0
+    c.close()
+
+
 def test_unwritable_directory_turns_the_cache_off_with_one_warning(tmp_path, caplog):
     (tmp_path / "file").write_text("")
     caplog.set_level(logging.WARNING, "edgellm.prompt_cache")

@@ -162,6 +162,10 @@ class PromptCache:
         try:
             with open(path, "rb") as f:
                 arrays, n = self._read(f, h, tokens, w, windowed)
+        except FileNotFoundError:  # evicted meanwhile (by another process sharing the directory)
+            with self._lock:
+                self._index.pop(h, None)
+            return None
         except (OSError, ValueError) as e:
             self._bad(h, path, e)
             return None
