@@ -166,6 +166,20 @@ def test_unwritable_directory_turns_the_cache_off_with_one_warning(tmp_path, cap
     assert len(warnings_of(caplog)) == 1 and "prompt cache off" in warnings_of(caplog)[0]
 
 
+def test_failed_writes_give_one_warning_and_the_cache_goes_on(tmp_path, caplog):
+    c = open_cache(tmp_path)
+    shutil.rmtree(c.dir)  # e.g. cleaned away under a running process
+    caplog.set_level(logging.WARNING, "edgellm.prompt_cache")
+    save(c, chain(list(range(8))))
+    save(c, chain(list(range(1, 9))))
+    c.flush()
+    assert len(warnings_of(caplog)) == 1 and "cannot write" in warnings_of(caplog)[0]
+    c.dir.mkdir()
+    save(c, chain(list(range(2, 10))))
+    c.close()
+    assert len(files(tmp_path)) == 2
+
+
 def test_directory_never_exceeds_its_bound_and_evicts_least_recently_used(tmp_path):
     one = 4 * 4 * 8 * 6 + 600  # a block file: rows of the four stores plus its header, about
     bound = 12 * one

@@ -327,7 +327,7 @@ class PromptCache:
                 else:
                     for p in items:
                         p.unlink(missing_ok=True)
-            except OSError as e:  # disk full, directory gone...: this job is lost, the cache goes on
+            except Exception as e:  # disk full, directory gone...: this job is lost, the cache goes on
                 self._warn("write", "prompt cache: cannot write to %s: %s", self.dir, e)
             finally:
                 if kind == "save":
