@@ -162,6 +162,10 @@ class PromptCache:
         try:
             with open(path, "rb") as f:
                 arrays, n = self._read(f, h, tokens, w, windowed)
+        except FileNotFoundError:  # evicted meanwhile (by another process sharing the directory)
+            with self._lock:
+                self._index.pop(h, None)
+            return None
         except (OSError, ValueError) as e:
             self._bad(h, path, e)
             return None
@@ -323,7 +327,7 @@ class PromptCache:
                 else:
                     for p in items:
                         p.unlink(missing_ok=True)
-            except OSError as e:  # disk full, directory gone...: this job is lost, the cache goes on
+            except Exception as e:  # disk full, directory gone...: this job is lost, the cache goes on
                 self._warn("write", "prompt cache: cannot write to %s: %s", self.dir, e)
             finally:
                 if kind == "save":
