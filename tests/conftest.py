@@ -48,3 +48,15 @@ def gemma_llm():
     from edgellm import LLM
 
     return LLM(progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma_server(gemma_llm):
+    """One HTTP server (edgellm/server, web UI on) over the session's default model, for the API tests."""
+    from server_thread import ServerThread
+
+    from edgellm.server.app import create_app
+
+    srv = ServerThread(create_app(gemma_llm))
+    yield srv
+    srv.stop()

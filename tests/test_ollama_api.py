@@ -18,14 +18,8 @@ GREEDY = {"temperature": 0, "num_predict": 8}
 
 
 @pytest.fixture(scope="module")
-def server(gemma_llm):
-    from test_server import ServerThread
-
-    from edgellm.server.app import create_app
-
-    srv = ServerThread(create_app(gemma_llm))
-    yield srv
-    srv.stop()
+def server(gemma_server):
+    return gemma_server
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,8 @@ TOOL = {"type": "function", "name": "set_alarm", "description": "Set an alarm",
 
 
 @pytest.fixture(scope="module")
-def client(gemma_llm):
-    from test_server import ServerThread
-
-    from edgellm.server.app import create_app
-
-    srv = ServerThread(create_app(gemma_llm))
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=600)
-    srv.stop()
+def client(gemma_server):
+    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="x", max_retries=0, timeout=600)
 
 
 def events_of(stream) -> list:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 
@@ -19,34 +18,11 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from edgellm.sampling import SamplingParams  # noqa: E402
+from server_thread import ServerThread  # noqa: E402,F401 (re-exported: other tests import it from here)
 from edgellm.server.app import create_app  # noqa: E402
 
 KEY = "sekret-key"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
-
-
-class ServerThread:
-    """uvicorn serving `app` on a free loopback port, in a daemon thread."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")

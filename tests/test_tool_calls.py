@@ -327,15 +327,9 @@ def test_llm_chat_required_call(gemma_llm):
 
 
 @pytest.fixture(scope="module")
-def client(gemma_llm):
+def client(gemma_server):
     openai = pytest.importorskip("openai")
-    from test_server import ServerThread
-
-    from edgellm.server.app import create_app
-
-    srv = ServerThread(create_app(gemma_llm))
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    srv.stop()
+    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
 
 def test_openai_required_and_named_calls_always_validate(client):

@@ -15,7 +15,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from test_server import KEY, ServerThread, keyed, llm, server  # noqa: F401 (the servers are test_server's fixtures)
+from server_thread import ServerThread
+from test_server import KEY
 
 from edgellm.server.app import create_app
 
@@ -36,6 +37,18 @@ def browser():
         b = p.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def server(gemma_server):
+    return gemma_server
+
+
+@pytest.fixture(scope="module")
+def keyed(gemma_llm):
+    s = ServerThread(create_app(gemma_llm, api_key=KEY))
+    yield s
+    s.stop()
 
 
 class Pages:

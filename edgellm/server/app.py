@@ -173,7 +173,7 @@ def create_app(llm=None, *, model: str | None = None, llm_kwargs: dict | None = 
     from edgellm.server import embeddings as embedding_routes, ollama, responses
 
     embedding_routes.register(app, ready, guarded)
-    ollama.register(app, ready, guarded)
+    ollama.register(app, ready, guarded, root=not webui)  # with the web UI, / is the chat page
     responses.register(app, ready, guarded)
 
     @app.post("/v1/completions", dependencies=guarded, response_model=P.Completion,

@@ -154,12 +154,13 @@ async def _run(s: ServerState, body, request: Request, turn, prompt_ids: list[in
     return final(r.content, r.reasoning_content, r.tool_calls, r.finish_reason)
 
 
-def register(app, ready, guarded) -> None:
-    """Add Ollama's routes to app."""
-
-    @app.get("/", response_class=PlainTextResponse, include_in_schema=False)
-    async def root():
-        return "Ollama is running"
+def register(app, ready, guarded, *, root: bool = True) -> None:
+    """Add Ollama's routes to app; root: also its liveness answer at / (left to the web UI's chat page when that
+    is served)."""
+    if root:
+        @app.get("/", response_class=PlainTextResponse, include_in_schema=False)
+        async def ollama_root():
+            return "Ollama is running"
 
     @app.get("/api/version", dependencies=guarded)
     async def version():
