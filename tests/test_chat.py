@@ -254,7 +254,8 @@ STATUS = re.compile(r"\[(stopped · )?prefill (\d+) new / (\d+) cached tokens[^\
 
 @pytest.mark.slow
 def test_chat_in_a_terminal(chat_env):
-    pexpect = pytest.importorskip("pexpect")
+    import pexpect  # dev extra
+
     child = pexpect.spawn(_chat_cmd()[0], _chat_cmd()[1:] + COMMON + ["--max-tokens", "6", "--system", SYSTEM],
                           env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=90, dimensions=(40, 200))
     try:
@@ -276,9 +277,10 @@ def test_chat_in_a_terminal(chat_env):
         child.expect_exact(">>> ")
         child.sendline("/set max_tokens 300")
         child.expect_exact(">>> ")
-        child.sendline("Tell me a long story about a dragon.")
-        child.expect_exact("dragon.")
-        child.expect(r"[A-Za-z0-9]")  # the answer has begun
+        # a base model may end a story after one line on some hosts (float order differs per ISA); counting goes on
+        child.sendline("Count from 1 to 300, separated by commas: 1, 2, 3, 4, 5, 6,")
+        child.expect_exact("5, 6,")
+        child.expect(r"\d+, \d+, \d+,")  # the answer has begun and is still going
         child.sendintr()
         child.expect(r"\[stopped")
         child.expect_exact(">>> ")
