@@ -21,7 +21,7 @@ import json, resource, sys, time
 import numpy as np
 import llama_cpp
 model, p, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-llm = llama_cpp.Llama(model, n_ctx=max(p, n) + 16, n_batch=max(p, 1), n_ubatch=512, n_threads=threads,
+llm = llama_cpp.Llama(model, n_ctx=max(p, n) + 16, n_batch=max(p, n) + 16, n_ubatch=512, n_threads=threads,
                       n_threads_batch=threads, verbose=False)
 rng = np.random.default_rng(0)
 vocab = llm.n_vocab()
@@ -91,14 +91,20 @@ def read_bandwidth(threads: int) -> float:
 
 
 def decode_bytes(model: str) -> int:
-    """Weight bytes one decode step reads: every 2-D tensor, the token embedding only if it is the output head
-    (untied models only look rows of it up)."""
+    """Weight bytes one decode step reads: every 2-D tensor (the token embedding only if it is the output head:
+    untied models only look rows of it up), and of each 3-D expert tensor the routed share
+    (expert_used_count / expert_count)."""
     from edgellm.gguf_file import read_gguf
 
     g = read_gguf(model)
+    arch = g.metadata.get("general.architecture", "")
+    n_exp = int(g.metadata.get(f"{arch}.expert_count", 0) or 0)
+    used = int(g.metadata.get(f"{arch}.expert_used_count", 0) or 0)
     tied = "output.weight" not in g.tensors
-    return sum(t.n_bytes for name, t in g.tensors.items()
-               if len(t.shape) == 2 and (name != "token_embd.weight" or tied))
+    dense = sum(t.n_bytes for name, t in g.tensors.items()
+                if len(t.shape) == 2 and (name != "token_embd.weight" or tied))
+    experts = sum(t.n_bytes for t in g.tensors.values() if len(t.shape) == 3)
+    return dense + (experts * used // n_exp if n_exp else 0)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from edgellm.model_path import cache_dir
 ALIGN = 64
 META = "__source__"  # index key of an entry's source record (tensor names never start with "__")
 DEFAULT_MAX_GB = 8.0
+FORMAT = 2  # entry layout: 2 = a 3-D expert tensor is one entry, its experts' codes and scales stacked
 
 
 def _code_tag() -> str:
@@ -38,7 +39,7 @@ def _source(g: GGUFFile) -> dict:
 
 def _key(g: GGUFFile, names: list[str]) -> str:
     src = _source(g)
-    h = hashlib.sha256(f"{src['path']}|{src['size']}|{src['mtime_ns']}|{src['code']}".encode())
+    h = hashlib.sha256(f"{src['path']}|{src['size']}|{src['mtime_ns']}|{src['code']}|{FORMAT}".encode())
     for p in g.paths[1:]:  # a split model's other shards
         st = os.stat(p)
         h.update(f"|{os.path.realpath(p)}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -74,13 +75,27 @@ def matrix_source(g: GGUFFile, name: str):
     return t, tuple(t.shape[1:]), raw[int(e) * n:(int(e) + 1) * n]
 
 
+def _is_stack(g: GGUFFile, name: str) -> bool:
+    """A 3-D (n_expert, N, K) tensor, prepared as one ExpertStack."""
+    return EXPERT not in name and len(g.tensors[name].shape) == 3
+
+
+def _expert_raw(g: GGUFFile, name: str) -> np.ndarray:
+    """The raw bytes of a 3-D expert tensor as (E, N, row_bytes)."""
+    t = g.tensors[name]
+    return g.tensor_bytes(name).reshape(t.shape[0], t.shape[1], -1)
+
+
 def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dict:
-    """PreparedWeight per matrix name (see matrix_source), from the cache when possible (building it on first
-    use)."""
+    """PreparedWeight per matrix name (see matrix_source), or ExpertStack per 3-D expert tensor name, from the
+    cache when possible (building it on first use)."""
     from kernels_cpu import prepare_weight
     from kernels_cpu.matmul import PreparedWeight
+    from kernels_cpu.moe_matmul import ExpertStack
 
     def fresh(name):
+        if _is_stack(g, name):
+            return ExpertStack.from_weights([fresh(f"{name}{EXPERT}{e}") for e in range(g.tensors[name].shape[0])])
         t, shape, raw = matrix_source(g, name)
         return prepare_weight(raw, t.qtype, shape)
 
@@ -104,11 +119,23 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
     out = {}
     for name in names:
         e = index[name]
-        t, shape2, raw = matrix_source(g, name)
         qs, sc = (data[off:off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
                   for off, shape, dt in (e["qs"], e["sc"]))
-        out[name] = PreparedWeight(t.qtype, shape2, qs, sc, raw)
+        if _is_stack(g, name):
+            t = g.tensors[name]
+            out[name] = ExpertStack(t.qtype, tuple(t.shape[1:]), qs, sc, _expert_raw(g, name))
+        else:
+            t, shape2, raw = matrix_source(g, name)
+            out[name] = PreparedWeight(t.qtype, shape2, qs, sc, raw)
     return out
+
+
+def _write(f, arr: np.ndarray) -> list:
+    """Append arr at the next ALIGN boundary; its (offset, shape, dtype) index record."""
+    f.write(b"\0" * ((-f.tell()) % ALIGN))
+    rec = [f.tell(), list(arr.shape), arr.dtype.str]
+    f.write(np.ascontiguousarray(arr).tobytes())
+    return rec
 
 
 def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> None:
@@ -117,22 +144,29 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = base.with_suffix(f".bin.{os.getpid()}.part")
     index: dict = {META: _source(g)}
-    total = sum(matrix_source(g, n)[2].nbytes for n in names)
+    total = sum(g.tensor_bytes(n.partition(EXPERT)[0]).nbytes for n in names)
     with open(tmp, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, disable=not progress, leave=False,
                                     desc="preparing weights (first run only)") as bar:
         for name in names:
-            pw = fresh(name)
-            entry = {}
-            for part in ("qs", "sc"):
-                arr = np.ascontiguousarray(getattr(pw, part))
-                pad = (-f.tell()) % ALIGN
-                f.write(b"\0" * pad)
-                entry[part] = (f.tell(), list(arr.shape), arr.dtype.str)
-                f.write(arr.tobytes())
-            index[name] = entry
-            del pw
+            if _is_stack(g, name):  # expert by expert (bounded memory): the codes back to back, then the scales
+                scs, qs_rec = [], None
+                n_exp = g.tensors[name].shape[0]
+                for e in range(n_exp):
+                    pw = fresh(f"{name}{EXPERT}{e}")
+                    rec = _write(f, pw.qs) if e == 0 else None
+                    if e:
+                        f.write(np.ascontiguousarray(pw.qs).tobytes())
+                    qs_rec = qs_rec or rec
+                    scs.append(np.ascontiguousarray(pw.sc))
+                    del pw
+                qs_rec[1] = [n_exp] + qs_rec[1]
+                index[name] = {"qs": qs_rec, "sc": _write(f, np.stack(scs))}
+            else:
+                pw = fresh(name)
+                index[name] = {"qs": _write(f, pw.qs), "sc": _write(f, pw.sc)}
+                del pw
             _release_pages(g, name.partition(EXPERT)[0])
-            bar.update(matrix_source(g, name)[2].nbytes)
+            bar.update(g.tensor_bytes(name.partition(EXPERT)[0]).nbytes)
     os.replace(tmp, base.with_suffix(".bin"))
     base.with_suffix(".json").write_text(json.dumps(index))
     prune(base.parent, keep=base.name)

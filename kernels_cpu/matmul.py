@@ -155,6 +155,12 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
     return xq, dx, bs
 
 
+def prepare_activations(x: np.ndarray, pw: PreparedWeight) -> tuple:
+    """x (M, K) float32 C-contiguous in the form the drivers of weight pw take: (xq, dx, bs) as _prepare_x
+    describes (for kernels that run the drivers themselves, e.g. kernels_cpu.moe_matmul)."""
+    return _prepare_x(x, pw)
+
+
 def _act_dtype(pw: PreparedWeight, m: int):
     """Activation code type for m rows and weight pw: int8 (the unsigned-weight form, ACT_S8), uint8 (codes +
     128, the VNNI form, ACT_U8) or int16."""

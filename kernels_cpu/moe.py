@@ -53,3 +53,25 @@ def route(logits: np.ndarray, k: int, *, norm: bool) -> tuple[np.ndarray, np.nda
     w = np.empty((logits.shape[0], k), dtype=np.float32)
     _route(sel, w, logits, norm, WEIGHT_SUM_MIN)
     return sel, w
+
+
+@jit
+def _combine(out, y, w, tok):
+    # out (T, D) float32 += y[r] * w[r] into row tok[r], for r in order
+    D = out.shape[1]
+    for r in range(len(tok)):
+        t = tok[r]
+        wr = w[r]
+        for d in range(D):
+            out[t, d] += y[r, d] * wr
+
+
+def combine(out: np.ndarray, y: np.ndarray, w: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """out (T, D) += the expert outputs y (R, D) weighted by w (R,), row r into token tok[r], in the order of
+    r (callers order r by ascending expert: each token then sums its experts in one fixed order)."""
+    R, D = y.shape
+    tok = np.ascontiguousarray(tok, dtype=np.int64)
+    if out.shape[1] != D or len(w) != R or len(tok) != R or (R and (tok.min() < 0 or tok.max() >= len(out))):
+        raise ValueError(f"combine: out {out.shape}, y {y.shape}, w {np.shape(w)}, tok {tok.shape}")
+    _combine(out, np.ascontiguousarray(y, dtype=np.float32), np.ascontiguousarray(w, dtype=np.float32), tok)
+    return out

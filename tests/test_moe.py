@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernels_cpu.ops import swiglu
 from tiny_models import tiny_spec, write_tiny_model
 
 SPEC = tiny_spec("qwen3moe")
@@ -44,23 +45,48 @@ def test_route_matches_a_plain_reference():
 
 
 def test_only_routed_experts_are_read(llm):
-    from edgellm.models.common import linear
-    from kernels_cpu.moe import route
+    from kernels_cpu.moe_matmul import ExpertStack
 
     ffn = llm.model.layers[0].moe
     h = np.random.default_rng(1).standard_normal((3, llm.config.d_model)).astype(np.float32)
     want = ffn(h)
-    sel, _ = route(linear(h, ffn.router), ffn.k, norm=ffn.norm)
+    sel, _ = ffn.routes(h)
     unused = sorted(set(range(MOE_EXPERTS)) - set(sel.ravel().tolist()))
     assert unused, "3 tokens x top-2 should leave some of 8 experts unrouted"
-    saved = [(m, list(getattr(ffn, m))) for m in ("gate", "up", "down")]
+    saved = {m: getattr(ffn, m) for m in ("gate", "up", "down")}
     try:
-        for m, mats in saved:
-            getattr(ffn, m)[:] = [None if e in unused else x for e, x in enumerate(mats)]  # unreadable
+        rng = np.random.default_rng(7)
+        for m, st in saved.items():  # the unrouted experts' codes and scales replaced by noise
+            qs, sc = st.qs.copy(), st.sc.copy()
+            qs[unused] = rng.integers(0, 256, qs[unused].shape, dtype=np.uint8)
+            sc[unused] = rng.integers(0, 256, sc[unused].shape).astype(sc.dtype)
+            setattr(ffn, m, ExpertStack(st.qtype, st.shape, qs, sc, st.raw))
         np.testing.assert_array_equal(ffn(h), want)
+        used = sorted(set(sel.ravel().tolist()))
+        st = ffn.gate  # and noise in a routed expert does change the output (the check above can fail)
+        qs = st.qs.copy()
+        qs[used[0]] = rng.integers(0, 256, qs[used[0]].shape, dtype=np.uint8)
+        ffn.gate = ExpertStack(st.qtype, st.shape, qs, st.sc, st.raw)
+        assert not np.array_equal(ffn(h), want)
     finally:
-        for m, mats in saved:
-            getattr(ffn, m)[:] = mats
+        for m, st in saved.items():
+            setattr(ffn, m, st)
+
+
+def test_fused_expert_calls_equal_one_matmul_per_expert(llm):
+    """The one-call-per-projection path equals the plain per-expert matmuls, bit for bit."""
+    from edgellm.models.common import linear, linears
+
+    ffn = llm.model.layers[1].moe
+    h = np.random.default_rng(3).standard_normal((5, llm.config.d_model)).astype(np.float32)
+    sel, wts = ffn.routes(h)
+    want = np.zeros_like(h)
+    for e in np.unique(sel):  # ascending expert id
+        rows, slot = np.nonzero(sel == e)
+        x = np.ascontiguousarray(h[rows])
+        g, u = linears(x, (ffn.gate.experts[e], ffn.up.experts[e]))
+        want[rows] += linear(swiglu(g, u), ffn.down.experts[e]) * wts[rows, slot][:, None]
+    np.testing.assert_array_equal(ffn(h), want)
 
 
 def test_rows_do_not_depend_on_their_batch(llm):

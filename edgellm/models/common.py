@@ -51,12 +51,10 @@ class Weights:
         from edgellm.weight_cache import prepare_all
 
         self._g = g = loaded.gguf
-        from edgellm.weight_cache import EXPERT
-
         names = []
         for n, shape in expected_shapes(loaded.config).items():
-            if len(shape) == 3:  # experts: one prepared matrix each, only the routed ones are read per token
-                names += [f"{n}{EXPERT}{e}" for e in range(shape[0])]
+            if len(shape) == 3:  # experts: one stack per tensor, only the routed experts are read per token
+                names.append(n)
             elif len(shape) == 2 and (n != "token_embd.weight" or loaded.config.tied_output):  # untied: lookup only
                 names.append(n)
         names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
@@ -66,11 +64,16 @@ class Weights:
         """The prepared (repacked, memory-mapped when cached) weight of a 2-D tensor."""
         return self._matrices[name]
 
-    def experts(self, name: str, n: int) -> list:
-        """The prepared per-expert matrices of a 3-D (n_expert, N, K) tensor."""
-        from edgellm.weight_cache import EXPERT
+    def expert_stack(self, name: str):
+        """The prepared experts of a 3-D (n_expert, N, K) tensor (kernels_cpu.moe_matmul.ExpertStack)."""
+        return self._matrices[name]
 
-        return [self._matrices[f"{name}{EXPERT}{e}"] for e in range(n)]
+    def experts(self, name: str, n: int) -> list:
+        """The prepared per-expert matrices of a 3-D (n_expert, N, K) tensor (views of its ExpertStack)."""
+        stack = self._matrices[name]
+        if stack.n_experts != n:
+            raise ValueError(f"{name}: {stack.n_experts} experts, the config says {n}")
+        return stack.experts
 
     def vector(self, name: str) -> np.ndarray:
         t = self._g.tensors[name]

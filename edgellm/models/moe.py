@@ -1,46 +1,46 @@
 """Mixture-of-experts FFN (qwen3moe): a router picks each token's top-k experts by softmax probability, and only
-those experts' weights are read. Rows are grouped by expert (one matmul per expert over the rows routed to it), and
-each row sums its experts in ascending expert order, so a row's result never depends on the other rows (batch
+those experts' weights are read. The (token, expert) pairs are grouped by ascending expert, and each of the gate,
+up and down projections of all the routed experts is one compiled call (kernels_cpu.moe_matmul); each token then
+sums its experts in ascending expert order, so a row's result never depends on the other rows (batch
 invariance)."""
 from __future__ import annotations
 
 import numpy as np
 
-from edgellm.models.common import linear, linears
-from kernels_cpu.moe import route
+from edgellm.models.common import linear
+from kernels_cpu.moe import combine, route
+from kernels_cpu.moe_matmul import expert_inputs, expert_matmul
 from kernels_cpu.ops import swiglu
 
 
 class MoEFFN:
-    """The routed experts' SwiGLU FFNs of one layer: router (E, D), per expert gate/up (F, D) and down (D, F)."""
+    """The routed experts' SwiGLU FFNs of one layer: router (E, D), expert stacks gate/up (E, F, D), down (E, D, F)."""
 
     def __init__(self, w, prefix: str, cfg):
         self.router = w.matrix(prefix + "ffn_gate_inp.weight")
-        n = cfg.n_experts
-        self.gate = w.experts(prefix + "ffn_gate_exps.weight", n)
-        self.up = w.experts(prefix + "ffn_up_exps.weight", n)
-        self.down = w.experts(prefix + "ffn_down_exps.weight", n)
+        self.gate = w.expert_stack(prefix + "ffn_gate_exps.weight")
+        self.up = w.expert_stack(prefix + "ffn_up_exps.weight")
+        self.down = w.expert_stack(prefix + "ffn_down_exps.weight")
+        if not self.gate.n_experts == self.up.n_experts == self.down.n_experts == cfg.n_experts:
+            raise ValueError(f"{prefix}: expert tensors disagree with the config's {cfg.n_experts} experts")
         self.k, self.norm = cfg.n_experts_used, cfg.moe_norm_topk
 
-    def expert(self, e: int, x: np.ndarray) -> np.ndarray:
-        """Expert e's SwiGLU FFN of rows x (R, D) -> (R, D)."""
-        return linear(swiglu(*linears(x, (self.gate[e], self.up[e]))), self.down[e])
+    def routes(self, h: np.ndarray):
+        """(experts (T, k), weights (T, k)) of the rows h (T, D)."""
+        return route(linear(h, self.router), self.k, norm=self.norm)
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
         """(T, D) -> (T, D)."""
-        sel, wts = route(linear(h, self.router), self.k, norm=self.norm)  # (T, k) each
-        if len(h) == 1:  # decode: one row, its experts in ascending id order as in the batched path below
-            order = np.argsort(sel[0])
-            es = [int(sel[0, j]) for j in order]
-            # every expert's gate and up from one quantization of the row (matmul_many shares it)
-            gu = linears(h, [m for e in es for m in (self.gate[e], self.up[e])])
-            out = np.zeros_like(h)
-            for n, (e, j) in enumerate(zip(es, order)):
-                out += linear(swiglu(gu[2 * n], gu[2 * n + 1]), self.down[e]) * wts[0, j]
-            return out
-        out = np.zeros_like(h)
-        for e in np.unique(sel):  # ascending expert id: every row adds its experts in the same order
-            rows, slot = np.nonzero(sel == e)
-            y = self.expert(int(e), np.ascontiguousarray(h[rows]))  # (R, D)
-            out[rows] += y * wts[rows, slot][:, None]
-        return out
+        sel, wts = self.routes(h)  # (T, k) each
+        flat = sel.ravel()  # (T*k,) token-major
+        order = np.argsort(flat, kind="stable")  # (R,) pairs by ascending expert, then token
+        eid, first = np.unique(flat[order], return_index=True)  # (J,) the routed experts, their first pair
+        starts = np.append(first, len(order))  # (J+1,) job j = pairs starts[j]:starts[j+1]
+        tok = order // self.k  # (R,) each pair's token
+        act = expert_inputs(h, self.gate, tok)
+        gate = expert_matmul(act, self.gate, eid, starts)  # (R, F)
+        if self.up.qtype != self.gate.qtype:
+            act = expert_inputs(h, self.up, tok)
+        up = expert_matmul(act, self.up, eid, starts)  # (R, F)
+        y = expert_matmul(expert_inputs(swiglu(gate, up), self.down), self.down, eid, starts)  # (R, D)
+        return combine(np.zeros_like(h), y, wts.ravel()[order], tok)
