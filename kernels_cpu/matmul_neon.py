@@ -58,7 +58,7 @@ def _addp(e: Emit, lo, hi):
     return _pair_sums(e, cat, I16)
 
 
-def _sdot(e: Emit, acc, q, x):
+def sdot(e: Emit, acc, q, x):
     """acc (<W x i32>) + per-dword sums of the 4 signed byte products of q and x (<W x i32> of bytes)."""
     b = e.b
     w = acc.type.count
@@ -104,7 +104,7 @@ def s8_sums(e: Emit, mb: int, runs: int, pairs: int, code: Callable, scale: Call
                            for i in range(mb)]
                 xs = [b.shuffle_vector(x16[i], ir.Constant(V(I32, 4), ir.Undefined), _idx([lane] * w))
                       for i in range(mb)]
-                s = [_sdot(e, s[i], q, xs[i]) for i in range(mb)]
+                s = [sdot(e, s[i], q, xs[i]) for i in range(mb)]
             out = s if sc is None else [b.add(out[i], b.mul(s[i], sc)) for i in range(mb)]
         return out
 

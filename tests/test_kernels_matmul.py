@@ -23,10 +23,13 @@ from quant.types import QuantType as Q
 
 # f16 scale fields per block (set finite and small so NaN/inf never reach the comparison)
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q2_K: (80, 82),
-              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+              Q.MXFP4: ()}
+E8M0_FIELDS = {Q.MXFP4: 0}  # byte offset of the block's E8M0 exponent (kept near 2^0 so that nothing overflows)
 FLOATS = (Q.F32, Q.F16, Q.BF16)
 ALL_TYPES = FLOATS + tuple(F16_FIELDS)
-PRIORITY = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K)
+PRIORITY = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_XS)
+DOT_TYPES = tuple(q for q in F16_FIELDS if q not in (Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4))  # in dot_golden.npz
 
 
 def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -44,6 +47,8 @@ def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray
     for off in F16_FIELDS[qt]:
         d = (rng.uniform(0.25, 1.0, (n, nb)) * rng.choice([-1, 1], (n, nb)) * 0.05).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(n, nb, 2)
+    if qt in E8M0_FIELDS:
+        raw[:, :, E8M0_FIELDS[qt]] = rng.integers(118, 130, (n, nb))  # 2^-10 .. 2^1
     return raw.reshape(n, -1)
 
 
@@ -119,7 +124,7 @@ def test_matmul_matches_reference(qt):
 DOT_GOLDEN = np.load(Path(__file__).parent / "golden" / "dot_golden.npz")
 
 
-@pytest.mark.parametrize("qt", tuple(F16_FIELDS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", DOT_TYPES, ids=lambda q: q.name)
 def test_matmul_close_to_llama_cpp_dot(qt):
     """llama.cpp's own quantize_row_q8_* + ggml_vec_dot_* outputs (tests/golden/make_dot_golden.py): equal within
     float32 summation-order tolerance (llama.cpp sums 8 SIMD lanes, we sum one accumulator per row), and the
@@ -147,6 +152,13 @@ def exact_case(qt: Q, n: int, k: int, rng):
         raw[:, :, off:off + 2] = np.float16(1.0).reshape(1).view(np.uint8)
     if qt in (Q.Q4_K, Q.Q5_K):  # 6-bit scales / mins: keep them small so that sums stay below 2^24
         raw[:, :, 4:16] &= np.uint8(0x33)
+    if qt in E8M0_FIELDS:
+        raw[:, :, E8M0_FIELDS[qt]] = 128  # 2^0
+    if qt == Q.IQ4_XS:  # sub-block scales ls - 32 in -4..3 (ls = 28..35), so that sums stay below 2^24
+        ls = rng.integers(28, 36, (n, nb, 8)).astype(np.uint16)
+        raw[:, :, 4:8] = ((ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)).astype(np.uint8)
+        sh = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1).astype(np.uint16)
+        raw[:, :, 2:4] = sh[..., None].view(np.uint8)
     raw = raw.reshape(n, -1)
     qb = LAYOUTS[qt].act_block
     x = rng.integers(-127, 128, (3, k)).astype(np.float32)
