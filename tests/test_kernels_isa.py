@@ -212,7 +212,8 @@ IQ_NEON = ("IQ4_NL", "IQ4_XS", "MXFP4")
 @pytest.mark.parametrize("qt", IQ_NEON)
 def test_neon_iq_decode_kernel_assembly(qt):
     """The table-lookup formats on a Pi 5 CPU: codes -> int8 by tbl, then sdot, no spill or call in the hot loop;
-    on a Pi 4 CPU (no dotprod) tbl and no dot-product instruction."""
+    on a Pi 4 CPU (no dotprod) tbl, then widening multiplies (smull, addp, sadalp), no 32-bit multiply but
+    IQ4_XS's sub-block scale."""
     asm = aarch64_asm(qt, 1, *NEON_TARGETS["dotprod"])
     assert re.search(r"\btbl\b", asm) and re.search(r"\bsdot\b", asm), f"{qt}: no tbl / sdot"
     loop = hot_loop(asm, "sdot", A64_BRANCH)
@@ -220,6 +221,10 @@ def test_neon_iq_decode_kernel_assembly(qt):
     assert not re.search(r"^\s+bl\s", "\n".join(loop), re.M), f"{qt}: a call in the hot loop"
     asm = aarch64_asm(qt, 1, *NEON_TARGETS["no-dotprod"])
     assert re.search(r"\btbl\b", asm) and not re.search(r"\b[su]dot\b", asm)
+    loop = hot_loop(asm, "smull", A64_BRANCH)  # smull + addp + sadalp per 4 rows and quad
+    assert count(loop, r"\bsadalp\b") and count(loop, SP_ACCESS) == 0, "\n".join(loop)
+    if qt != "IQ4_XS":
+        assert count(loop, MUL32) == 0, f"{qt}: 32-bit multiplies"
 
 
 def test_neon_asm_checks_can_fail():

@@ -296,17 +296,23 @@ def test_f16_round_matches_numpy():
 X86 = platform.machine() in ("x86_64", "AMD64")
 
 
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4], ids=lambda q: q.name)
 @pytest.mark.parametrize("feats", [pytest.param({"avx2"}, marks=pytest.mark.skipif(
     not X86, reason="x86 intrinsics cannot be compiled for this CPU")), set()], ids=["avx2", "generic"])
-def test_portable_ir_paths(monkeypatch, feats):
-    """The AVX2 and target-independent forms of the packed multiply-add give the same results."""
+def test_portable_ir_paths(monkeypatch, feats, qt):
+    """The AVX2 and target-independent forms of the packed multiply-add (for the table-lookup formats: vpshufb
+    and |w| x sign(x, w) by vpmaddubsw; a select tree and widening multiplies) give the same results."""
     rng = np.random.default_rng(11)
-    raw = random_weight(Q.Q4_K, 20, 256, rng)
-    pw = prepare_weight(raw, Q.Q4_K, (20, 256))
+    raw = random_weight(qt, 20, 256, rng)
+    codes_at = {Q.IQ4_NL: 2, Q.IQ4_XS: 8, Q.MXFP4: 1}  # row 0: code 0 everywhere (IQ4: -127), scales kept
+    if qt in codes_at:
+        raw.reshape(20, -1, FORMATS[qt].type_size)[0, :, codes_at[qt]:] = 0
+    pw = prepare_weight(raw, qt, (20, 256))
     x = rng.standard_normal((5, 256)).astype(np.float32)
+    x[4] = np.where(np.arange(256) % 3, -60.0, 60.0)  # codes +-127
     ref = matmul(x, pw)
     monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
-    run = make_driver(int(Q.Q4_K), cache=False)
+    run = make_driver(int(qt), cache=False)
     xq, dx, bs = _prepare_x(x, pw)
     y = np.empty_like(ref)
     run(y, xq, dx, bs, pw.qs, pw.sc, 0, pw.qs.shape[0])
