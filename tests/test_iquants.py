@@ -94,9 +94,10 @@ def test_quantized_model_runs_like_its_dequantized_twin(tmp_path, monkeypatch, a
     llm = LLM(str(tmp_path / "q.gguf"), ctx_size=64, progress=False)
     got = llm.logits(tokens)
     mm = sys.modules["kernels_cpu.matmul"]
-    monkeypatch.setattr(mm, "_run", _reference_run(mm._run))
+    run = mm._run
+    monkeypatch.setattr(mm, "_run", _reference_run(run))
     ref = llm.logits(tokens)
-    monkeypatch.undo()
+    monkeypatch.setattr(mm, "_run", run)
     scale = np.abs(ref).max()
     tight = np.abs(got - ref).max() / scale
     float_twin = LLM(str(tmp_path / "deq.gguf"), ctx_size=64, progress=False).logits(tokens)
