@@ -1,6 +1,7 @@
 """Matmul kernel throughput on the default model's shapes (Gemma 3 270M Q4_K_M).
 
     python benchmarks/bench_matmul.py [--threads N] [--types Q8_0,Q4_K] [--m 1,512] [--no-head] [--all]
+                                      [--shapes 2048x8192,...]
 
 Prints, per (type, N x K, M): best time per call, GFLOP/s (2*M*N*K / t) and GB/s of weight bytes read
 (file-size bytes / t: what bounds decode). Weights are random bytes with small finite f16 scales.
@@ -26,12 +27,14 @@ from quant.types import FORMATS, QuantType  # noqa: E402
 SCALE_FIELDS = {
     QuantType.Q4_0: (0,), QuantType.Q4_1: (0, 2), QuantType.Q5_0: (0,), QuantType.Q5_1: (0, 2),
     QuantType.Q8_0: (0,), QuantType.Q2_K: (80, 82), QuantType.Q3_K: (108,), QuantType.Q4_K: (0, 2),
-    QuantType.Q5_K: (0, 2), QuantType.Q6_K: (208,),
+    QuantType.Q5_K: (0, 2), QuantType.Q6_K: (208,), QuantType.IQ4_NL: (0,), QuantType.IQ4_XS: (0,),
+    QuantType.MXFP4: (),
 }
+E8M0_FIELDS = {QuantType.MXFP4: 0}  # the block's exponent byte, set to 2^-7
 LAYER_SHAPES = [(1024, 640), (640, 1024), (2048, 640), (640, 2048), (256, 640)]  # (N, K)
 HEAD_SHAPE = (262144, 640)
 DEFAULT_TYPES = "Q8_0,Q5_0,Q4_K,Q6_K"
-ALL_TYPES = "F32,F16,BF16,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K"
+ALL_TYPES = "F32,F16,BF16,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,MXFP4"
 
 
 def random_weight(qtype: QuantType, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -49,6 +52,8 @@ def random_weight(qtype: QuantType, n: int, k: int, rng: np.random.Generator) ->
     scale = np.array([0.01], np.float16).view(np.uint8)
     for off in SCALE_FIELDS[qtype]:
         raw[:, :, off:off + 2] = scale
+    if qtype in E8M0_FIELDS:
+        raw[:, :, E8M0_FIELDS[qtype]] = 121
     return raw.reshape(n, -1)
 
 
@@ -71,6 +76,7 @@ def main(argv=None) -> None:
     ap.add_argument("--all", action="store_true", help="every supported type")
     ap.add_argument("--m", default="1,512")
     ap.add_argument("--no-head", action="store_true", help="skip the 262144 x 640 output head")
+    ap.add_argument("--shapes", default="", help="N x K shapes instead of the model's, e.g. 2048x8192")
     args = ap.parse_args(argv)
     threads = set_threads(args.threads)
     types = [QuantType[t] for t in (ALL_TYPES if args.all else args.types).split(",")]
@@ -79,8 +85,8 @@ def main(argv=None) -> None:
     print(f"threads={threads}")
     print(f"{'type':6} {'N x K':>13} {'M':>4} {'ms':>9} {'GFLOP/s':>8} {'GB/s':>7}")
     for qt in types:
-        shapes = list(LAYER_SHAPES)
-        if not args.no_head and qt == QuantType.Q8_0:
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",") if sh] or list(LAYER_SHAPES)
+        if not args.no_head and not args.shapes and qt == QuantType.Q8_0:
             shapes.append(HEAD_SHAPE)
         for n, k in shapes:
             if k % FORMATS[qt].block_size:

@@ -113,8 +113,11 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
             os.utime(index_path)  # last use, for least-recently-used pruning
         except OSError:
             pass
-    index = json.loads(index_path.read_text())
-    data = np.memmap(data_path, dtype=np.uint8, mode="r")
+    try:
+        index = json.loads(index_path.read_text())
+        data = np.memmap(data_path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError):  # pruned meanwhile by a process running other repacking code (it saw a dead entry)
+        return {n: fresh(n) for n in names}
     data._mmap.madvise(mmap.MADV_SEQUENTIAL)  # matmuls stream each weight front to back
     out = {}
     for name in names:

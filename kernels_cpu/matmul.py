@@ -129,6 +129,8 @@ _NO_BS = np.zeros((1, 1), np.int32)
 _NO_S1 = np.zeros((1, 0), np.float32)
 # Weights whose llama.cpp dot product takes block_q8_1 activations: the min term uses the block's f16 sum s.
 _Q8_1_WEIGHTS = frozenset({QuantType.Q4_1, QuantType.Q5_1})
+# The table-lookup formats (matmul_iq): int8 activations on every target (looked-up int8 weights x int8 codes)
+_S8_WEIGHTS = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4})
 
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
@@ -162,9 +164,9 @@ def prepare_activations(x: np.ndarray, pw: PreparedWeight) -> tuple:
 
 
 def _act_dtype(pw: PreparedWeight, m: int):
-    """Activation code type for m rows and weight pw: int8 (the unsigned-weight form, ACT_S8), uint8 (codes +
-    128, the VNNI form, ACT_U8) or int16."""
-    if ACT_S8 and (pw.qtype != QuantType.Q8_0 or S8_Q8_0):
+    """Activation code type for m rows and weight pw: int8 (the table-lookup formats everywhere; the
+    unsigned-weight form, ACT_S8), uint8 (codes + 128, the VNNI form, ACT_U8) or int16."""
+    if pw.qtype in _S8_WEIGHTS or (ACT_S8 and (pw.qtype != QuantType.Q8_0 or S8_Q8_0)):
         return np.int8
     if ACT_U8 and pw._act_block == 32 and m >= U8_MIN_ROWS:
         return np.uint8

@@ -248,6 +248,22 @@ class Emit:
         """<2W x i8> signed -> <2W x i16>."""
         return self.b.sext(v, V(I16, 2 * self.w))
 
+    def call(self, name, ret, args):
+        """Call a target intrinsic (x86 or AArch64) declared on demand."""
+        return self._x86(name, ret, args)
+
+    def chunks(self, v, n: int) -> list:
+        """Split a vector into pieces of n lanes."""
+        return self._chunks(v, n)
+
+    def join(self, parts: list):
+        """Concatenate vectors of equal type (a power-of-two count of them)."""
+        return self._join(parts)
+
+    def has_vnni(self, op: str) -> bool:
+        """True when the VNNI instruction op ('vpdpwssd' / 'vpdpbusd') exists at this slice width."""
+        return self._vnni(op) is not None
+
     def _x86(self, name, ret, args):
         """Call a target intrinsic (x86 or AArch64) declared on demand."""
         mod = self.b.module
@@ -446,14 +462,19 @@ class Emit:
 # FMT (QuantType id) -> emit(e, mb): the work of one (row group, K block) for mb activation rows, adding into
 # the <16 x float> accumulators e.acc[i]
 BODIES: dict[int, Callable[[Emit, int], None]] = {}
+# Formats whose int8-activation x86 bodies work on slices of slice_width() rows (the table-lookup formats of
+# matmul_iq), not on whole 32-byte pair vectors (Emit.u8w_sums)
+SLICED: set[int] = set()
 
 
-def register(*fmts: int):
-    """Decorator: register an IR body for the given QuantType ids (see BODIES)."""
+def register(*fmts: int, sliced: bool = False):
+    """Decorator: register an IR body for the given QuantType ids (see BODIES, SLICED)."""
 
     def deco(fn):
         for f in fmts:
             BODIES[int(f)] = fn
+            if sliced:
+                SLICED.add(int(f))
         return fn
 
     return deco
@@ -475,7 +496,8 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
     """The IR of qdot (see there) at builder: ptrs / offs / xdtype as Emit takes them, nblocks, qb, sb, xe: i64
     values, feats: the target's features."""
     emit = BODIES[fmt]
-    s8 = xdtype == "int8" and "neon" not in feats  # the unsigned-weight form works on whole 32-byte vectors
+    # the unsigned-weight form works on whole 32-byte vectors
+    s8 = xdtype == "int8" and "neon" not in feats and fmt not in SLICED
     w = R if s8 else slice_width(feats)
     e = Emit(builder, ptrs, offs, xdtype, w, feats)
     zero = ir.Constant(V(F32, w), [0.0] * w)

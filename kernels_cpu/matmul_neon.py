@@ -58,8 +58,9 @@ def _addp(e: Emit, lo, hi):
     return _pair_sums(e, cat, I16)
 
 
-def _sdot(e: Emit, acc, q, x):
-    """acc (<W x i32>) + per-dword sums of the 4 signed byte products of q and x (<W x i32> of bytes)."""
+def sdot(e: Emit, acc, q, x):
+    """acc (<W x i32>) + per-dword sums of the 4 signed byte products of q and x (<W x i32> of bytes; x's dwords
+    all equal, an activation quad broadcast). Bytes in -127..127."""
     b = e.b
     w = acc.type.count
     if e.dotprod:
@@ -67,6 +68,14 @@ def _sdot(e: Emit, acc, q, x):
         for a4, q4, x4 in zip(e._chunks(acc, 4), e._chunks(q, 4), e._chunks(x, 4)):
             parts.append(e._x86("llvm.aarch64.neon.sdot.v4i32.v16i8", V(I32, 4),
                                 [a4, b.bitcast(q4, V(I8, 16)), b.bitcast(x4, V(I8, 16))]))
+        return e._join(parts)
+    if e.neon:  # per 4 rows: two smull of 8 bytes (2 rows x 4) by the quad, addp, sadalp; exact: two products of
+        parts = []  # bytes in -127..127 sum to at most 32258 in int16
+        for a4, q4, x4 in zip(e._chunks(acc, 4), e._chunks(q, 4), e._chunks(x, 4)):
+            lo, hi = e._chunks(b.bitcast(q4, V(I8, 16)), 8)
+            x8 = e._chunks(b.bitcast(x4, V(I8, 16)), 8)[0]  # the quad twice
+            p16 = _addp(e, _widen_mul(e, lo, x8, I16), _widen_mul(e, hi, x8, I16))  # row r's pair sums at 2r, 2r+1
+            parts.append(b.add(a4, _pair_sums(e, p16, I32)))
         return e._join(parts)
     n = 4 * w
     m = b.mul(b.sext(b.bitcast(q, V(I8, n)), V(I32, n)), b.sext(b.bitcast(x, V(I8, n)), V(I32, n)))
@@ -104,7 +113,7 @@ def s8_sums(e: Emit, mb: int, runs: int, pairs: int, code: Callable, scale: Call
                            for i in range(mb)]
                 xs = [b.shuffle_vector(x16[i], ir.Constant(V(I32, 4), ir.Undefined), _idx([lane] * w))
                       for i in range(mb)]
-                s = [_sdot(e, s[i], q, xs[i]) for i in range(mb)]
+                s = [sdot(e, s[i], q, xs[i]) for i in range(mb)]
             out = s if sc is None else [b.add(out[i], b.mul(s[i], sc)) for i in range(mb)]
         return out
 

@@ -2,7 +2,7 @@
 
 Rows are taken in groups of R = 16 (N padded with zero rows). For every (group g, block b) the bit planes
 of the 16 rows' codes are stored contiguously in qs (G, NB, QB) uint8, and their scales in sc (G, NB, SB)
-uint8 — see matmul_q / matmul_k for the exact planes. Bits stay packed: memory is the file size plus a few
+uint8 — see matmul_q / matmul_k / matmul_iq for the exact planes. Bits stay packed: memory is the file size plus a few
 percent (k-quant 6-bit scales are stored unpacked, one byte each).
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quant.formats import k_scale_min, q3_k_scales
+from quant.iquants import iq4_xs_scales
 from quant.types import FORMATS
 from quant.types import QuantType as Q
 
@@ -113,6 +114,22 @@ def _split_q3_k(b):
     return codes, [q3_k_scales(b[..., 96:108]).view(np.uint8), _u16(b[..., 108:110])]
 
 
+def _split_iq4_nl(b):
+    return _nib32(b[..., 2:18]), [_u16(b[..., 0:2])]
+
+
+def _split_mxfp4(b):
+    return _nib32(b[..., 1:17]), [b[..., 0:1].copy()]
+
+
+def _split_iq4_xs(b):
+    """(..., 136) -> codes (..., 256) (per 32: 16 low nibbles, 16 high), [scales ls - 32 as int8 bytes, d]."""
+    lead = b.shape[:-1]
+    codes = _nib32(b[..., 8:136].reshape(*lead, 8, 16)).reshape(*lead, 256)
+    ls = iq4_xs_scales(b.reshape(-1, 136)).astype(np.int8).view(np.uint8).reshape(*lead, 8)
+    return codes, [ls, _u16(b[..., 0:2])]
+
+
 def _split_float(dtype):
     def split(b):
         return b, []
@@ -125,6 +142,9 @@ LAYOUTS: dict[Q, Layout] = {
     Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, ("nib",)),
     Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, ("nib", "bit4")),
     Q.Q5_1: Layout(32, 320, 64, 32, _split_q5_1, ("nib", "bit4")),
+    Q.IQ4_NL: Layout(32, 256, 32, 32, _split_iq4_nl, ("nibq",)),
+    Q.MXFP4: Layout(32, 256, 16, 32, _split_mxfp4, ("nibq",)),
+    Q.IQ4_XS: Layout(256, 2048, 160, 256, _split_iq4_xs, ("nibq",)),
     Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, ("crumb_lo",)),
     Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, ("crumb_lo", "bit2")),
     Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, ("nib",)),
@@ -164,6 +184,9 @@ def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     if kind == "nib":  # per run of 16 pairs: vector v = pair v (low nibble) | pair v+8 (high nibble)
         r = pv.reshape(G, NB, P // 16, 2, 8, 32)
         return ((r[:, :, :, 0] & 15) | ((r[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
+    if kind == "nibq":  # quads (pairs 2l, 2l+1; byte 4r+e); per run of 8: vector j = quad j | quad j+4 << 4
+        q = pv.reshape(G, NB, P // 2, 2, R, 2).transpose(0, 1, 2, 4, 3, 5).reshape(G, NB, P // 16, 2, 4, 64)
+        return ((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
     if kind in ("crumb_lo", "crumb_hi"):  # per run of 16 pairs: vector u = pairs u, u+4, u+8, u+12
         src = pv if kind == "crumb_lo" else pv >> 4
         r = (src & 3).reshape(G, NB, P // 16, 4, 4, 32)

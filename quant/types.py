@@ -62,9 +62,10 @@ FORMATS: dict[QuantType, Format] = {
 
 # Types a GGUF file's tensors may have (Q8_1 / Q8_K are activation-only formats in llama.cpp).
 STORAGE_TYPES = frozenset(FORMATS) - {QuantType.Q8_1, QuantType.Q8_K}
-# Formats with a NumPy reference (quant/iquants.py: read, dequantize, quantize) but no matmul kernel yet: loading
-# a model that computes with them is refused with the named unsupported-type error until kernels_cpu has them.
-REFERENCE_ONLY = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4})
+# Formats with a NumPy reference but no matmul kernel yet: loading a model that computes with them is refused with
+# the named unsupported-type error until kernels_cpu has them (none today: IQ4_NL, IQ4_XS and MXFP4 have
+# kernels_cpu/matmul_iq.py).
+REFERENCE_ONLY: frozenset[QuantType] = frozenset()
 # Types a model's weights may use for inference.
 WEIGHT_TYPES = STORAGE_TYPES - REFERENCE_ONLY
 

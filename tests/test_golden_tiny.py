@@ -65,7 +65,8 @@ PROBE_CASES = [c for c in CASES if json.loads((GOLDEN / f"{c}.json").read_text()
 
 
 def test_probe_cases_present():
-    assert {"tiny_llama_q4_0", "tiny_llama_q5_0"} <= set(PROBE_CASES)
+    assert {"tiny_llama_q4_0", "tiny_llama_q5_0", "tiny_llama_iq4_nl", "tiny_llama_iq4_xs",
+            "tiny_qwen3moe_mxfp4"} <= set(PROBE_CASES)
 
 
 @pytest.mark.parametrize("case", PROBE_CASES)

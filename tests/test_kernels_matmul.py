@@ -23,10 +23,12 @@ from quant.types import QuantType as Q
 
 # f16 scale fields per block (set finite and small so NaN/inf never reach the comparison)
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q2_K: (80, 82),
-              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+              Q.MXFP4: ()}
+E8M0_FIELDS = {Q.MXFP4: 0}  # byte offset of the block's E8M0 exponent (kept near 2^0 so that nothing overflows)
 FLOATS = (Q.F32, Q.F16, Q.BF16)
 ALL_TYPES = FLOATS + tuple(F16_FIELDS)
-PRIORITY = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K)
+PRIORITY = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_XS)
 
 
 def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -44,6 +46,8 @@ def random_weight(qt: Q, n: int, k: int, rng: np.random.Generator) -> np.ndarray
     for off in F16_FIELDS[qt]:
         d = (rng.uniform(0.25, 1.0, (n, nb)) * rng.choice([-1, 1], (n, nb)) * 0.05).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(n, nb, 2)
+    if qt in E8M0_FIELDS:
+        raw[:, :, E8M0_FIELDS[qt]] = rng.integers(118, 130, (n, nb))  # 2^-10 .. 2^1
     return raw.reshape(n, -1)
 
 
@@ -147,6 +151,13 @@ def exact_case(qt: Q, n: int, k: int, rng):
         raw[:, :, off:off + 2] = np.float16(1.0).reshape(1).view(np.uint8)
     if qt in (Q.Q4_K, Q.Q5_K):  # 6-bit scales / mins: keep them small so that sums stay below 2^24
         raw[:, :, 4:16] &= np.uint8(0x33)
+    if qt in E8M0_FIELDS:
+        raw[:, :, E8M0_FIELDS[qt]] = 128  # 2^0
+    if qt == Q.IQ4_XS:  # sub-block scales ls - 32 in -4..3 (ls = 28..35), so that sums stay below 2^24
+        ls = rng.integers(28, 36, (n, nb, 8)).astype(np.uint16)
+        raw[:, :, 4:8] = ((ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)).astype(np.uint8)
+        sh = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1).astype(np.uint16)
+        raw[:, :, 2:4] = sh[..., None].view(np.uint8)
     raw = raw.reshape(n, -1)
     qb = LAYOUTS[qt].act_block
     x = rng.integers(-127, 128, (3, k)).astype(np.float32)
@@ -285,17 +296,23 @@ def test_f16_round_matches_numpy():
 X86 = platform.machine() in ("x86_64", "AMD64")
 
 
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4], ids=lambda q: q.name)
 @pytest.mark.parametrize("feats", [pytest.param({"avx2"}, marks=pytest.mark.skipif(
     not X86, reason="x86 intrinsics cannot be compiled for this CPU")), set()], ids=["avx2", "generic"])
-def test_portable_ir_paths(monkeypatch, feats):
-    """The AVX2 and target-independent forms of the packed multiply-add give the same results."""
+def test_portable_ir_paths(monkeypatch, feats, qt):
+    """The AVX2 and target-independent forms of the packed multiply-add (for the table-lookup formats: vpshufb
+    and |w| x sign(x, w) by vpmaddubsw; a select tree and widening multiplies) give the same results."""
     rng = np.random.default_rng(11)
-    raw = random_weight(Q.Q4_K, 20, 256, rng)
-    pw = prepare_weight(raw, Q.Q4_K, (20, 256))
+    raw = random_weight(qt, 20, 256, rng)
+    codes_at = {Q.IQ4_NL: 2, Q.IQ4_XS: 8, Q.MXFP4: 1}  # row 0: code 0 everywhere (IQ4: -127), scales kept
+    if qt in codes_at:
+        raw.reshape(20, -1, FORMATS[qt].type_size)[0, :, codes_at[qt]:] = 0
+    pw = prepare_weight(raw, qt, (20, 256))
     x = rng.standard_normal((5, 256)).astype(np.float32)
+    x[4] = np.where(np.arange(256) % 3, -60.0, 60.0)  # codes +-127
     ref = matmul(x, pw)
     monkeypatch.setattr(_jit, "_host_features", frozenset(feats))
-    run = make_driver(int(Q.Q4_K), cache=False)
+    run = make_driver(int(qt), cache=False)
     xq, dx, bs = _prepare_x(x, pw)
     y = np.empty_like(ref)
     run(y, xq, dx, bs, pw.qs, pw.sc, 0, pw.qs.shape[0])

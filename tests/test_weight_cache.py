@@ -84,3 +84,23 @@ def test_stale_partial_files_are_removed(tmp_path, cache):
     os.utime(old, (time.time() - 2 * 86400,) * 2)
     wc.prune(cache)
     assert not old.exists() and new.exists()
+
+
+def test_an_entry_pruned_before_it_is_read_is_repacked_in_memory(tmp_path, cache, monkeypatch):
+    """Another process running other repacking code deletes the entry as dead right after it was built: the
+    weights are repacked in memory instead of failing."""
+    m = write_tiny_model(tmp_path / "a.gguf", "llama", seed=3)
+    build = wc._build
+
+    def build_then_pruned(g, names, fresh, base, progress):
+        build(g, names, fresh, base, progress)
+        for suffix in (".bin", ".json"):
+            base.with_suffix(suffix).unlink()
+
+    monkeypatch.setattr(wc, "_build", build_then_pruned)
+    got, _ = _load(m)
+    monkeypatch.setattr(wc, "_build", build)  # (not undo(): that would drop the cache fixture's environment too)
+    want, _ = _load(m)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name].qs, want[name].qs)

@@ -202,7 +202,7 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
 def _file_type(qtype: str) -> int:
     import gguf
 
-    name = "ALL_F32" if qtype == "F32" else f"MOSTLY_{qtype}"
+    name = {"F32": "ALL_F32", "MXFP4": "MOSTLY_MXFP4_MOE"}.get(qtype, f"MOSTLY_{qtype}")  # llama.cpp has no MXFP4-only
     return int(gguf.LlamaFileType[name])
 
 
@@ -350,7 +350,13 @@ def _add_tensor(w, name: str, arr: np.ndarray, qtype: str) -> None:
     if qtype == "F16":
         w.add_tensor(name, arr.astype(np.float16))
         return
-    data = gguf.quants.quantize(arr, gtype)  # (rows, bytes_per_row) uint8 for block types
+    try:
+        data = gguf.quants.quantize(arr, gtype)  # (rows, bytes_per_row) uint8 for block types
+    except NotImplementedError:  # IQ4_NL / IQ4_XS: our quantizer, byte-equal to llama.cpp's (tests/test_iquants.py)
+        from quant.formats import quantize
+        from quant.types import QuantType
+
+        data = quantize(arr.reshape(-1, arr.shape[-1]), QuantType[qtype]).reshape(*arr.shape[:-1], -1)
     w.add_tensor(name, data, raw_dtype=gtype)
 
 

@@ -1,6 +1,9 @@
 """Golden outputs of llama.cpp's own CPU dot products, to check the matmul kernels bit for bit.
 
-    python tests/golden/make_dot_golden.py     # needs llama-cpp-python (the `bench` extra)
+    python tests/golden/make_dot_golden.py [--types IQ4_NL,IQ4_XS]  # needs llama-cpp-python (the `bench` extra)
+
+--types: rewrite only those types' arrays in the existing dot_golden.npz (the others keep the outputs of the
+llama.cpp build that made them); the random draws are those of a full run.
 
 For each weight type: random GGUF blocks (random code bytes, f16 scales drawn in a realistic range), random
 activation rows (normal, with a few outliers and an all-zero block), quantized by llama.cpp's `from_float`
@@ -37,7 +40,11 @@ CASES = {
     "Q4_K": ("ggml_vec_dot_q4_K_q8_K", "q8_K", (0, 2)),
     "Q5_K": ("ggml_vec_dot_q5_K_q8_K", "q8_K", (0, 2)),
     "Q6_K": ("ggml_vec_dot_q6_K_q8_K", "q8_K", (208,)),
+    "IQ4_NL": ("ggml_vec_dot_iq4_nl_q8_0", "q8_0", (0,)),
+    "IQ4_XS": ("ggml_vec_dot_iq4_xs_q8_K", "q8_K", (0,)),
+    "MXFP4": ("ggml_vec_dot_mxfp4_q8_0", "q8_0", ()),
 }
+E8M0_AT = {"MXFP4": 0}  # byte offset of the E8M0 block exponent: drawn in 2^-10 .. 2^1 (random bytes overflow)
 ACT_BYTES = {"q8_0": (32, 34), "q8_1": (32, 36), "q8_K": (256, 292)}  # (block, bytes per block)
 
 
@@ -56,6 +63,8 @@ def _weights(rng, qt: QuantType, f16_at) -> np.ndarray:
     for off in f16_at:  # scales: |d| in [1e-3, 3e-2], the range real weights use; random signs for mins
         v = (rng.uniform(1e-3, 3e-2, size=(N, nblk)) * rng.choice([-1.0, 1.0], size=(N, nblk))).astype(np.float16)
         w[:, :, off:off + 2] = v.view(np.uint8).reshape(N, nblk, 2)
+    if qt.name in E8M0_AT:
+        w[:, :, E8M0_AT[qt.name]] = rng.integers(118, 130, size=(N, nblk))
     return w.reshape(N, nblk * fmt.type_size)
 
 
@@ -68,6 +77,11 @@ def _activations(rng) -> np.ndarray:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default="", help="comma-separated types to rewrite (default: all)")
+    only = set(filter(None, ap.parse_args().types.split(",")))
     lib = _lib()
     rng = np.random.default_rng(1234)
     out = {}
@@ -92,6 +106,9 @@ def main() -> None:
         assert np.isfinite(y).all(), name
         out[f"{name}_w"], out[f"{name}_x"], out[f"{name}_y"] = w, x, y
         print(f"{name}: {sym} on {M}x{K} @ {N}x{K}")
+    if only:  # keep the other types' arrays as they are
+        old = dict(np.load(HERE / "dot_golden.npz"))
+        out = {**old, **{k: v for k, v in out.items() if k.rsplit("_", 1)[0] in only}}
     np.savez_compressed(HERE / "dot_golden.npz", **out)
     print(f"wrote {HERE / 'dot_golden.npz'}")
 

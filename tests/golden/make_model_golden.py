@@ -91,13 +91,17 @@ TINY_CONFIGS = [  # (file stem, arch, qtype[, tiny_spec overrides])
     ("tiny_phi3", "phi3", "F32"),
     ("tiny_qwen3moe", "qwen3moe", "F32"),
     ("tiny_llama3_rope", "llama", "F32", {"llama3_rope": True}),  # rope_freqs.weight
+    ("tiny_llama_iq4_nl", "llama", "IQ4_NL"),  # quantized by quant/iquants.py (llama.cpp's bytes)
+    ("tiny_llama_iq4_xs", "llama", "IQ4_XS"),
+    ("tiny_qwen3moe_mxfp4", "qwen3moe", "MXFP4"),  # every matrix MXFP4, the experts included
 ]
 # Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
 # to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
 # an activation that sits within ~1e-6 of a .5 boundary to the neighbouring code, a ~1e-3 jump of that matmul's
 # output which the later layers carry to the logits. Over a forward pass that happens with probability ~0.5, so
 # whole-model logits can only be compared loosely (TINY_QUANT_ACT_RTOL); the matmul probes are compared exactly.
-TINY_QUANT_ACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TINY_QUANT_ACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+                  "MXFP4")
 TINY_QUANT_ACT_RTOL = 5e-2
 TINY_PROBE_WEIGHTS = ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output.weight")  # K = 256, 512, 256
 TINY_PROBE_ROWS = (0, 8, 16, 23)  # token rows kept (each row of a matmul is independent of the others)
