@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("llguidance")
+import jsonschema  # noqa: E402 (the dev extra installs it)
+import llguidance  # noqa: F401,E402
+import openai  # noqa: E402
 
 from edgellm.reasoning import ReasoningSplitter, budget_tokens, reasoning_mode  # noqa: E402
 
@@ -165,8 +166,7 @@ def test_maybe_template_opens_the_thinking_for_a_constraint(tiny):
 
 
 def test_server_streams_reasoning_content(tiny, script):
-    openai = pytest.importorskip("openai")
-    from test_server import ServerThread
+    from server_thread import ServerThread
 
     from edgellm.server.app import create_app
 
