@@ -191,6 +191,14 @@ def test_server_streams_reasoning_content(tiny, script):
         assert n_r > 3  # the reasoning arrives in pieces, not at the end
         budget = cl.chat.completions.create(**{**kw, "reasoning_effort": "low"}).choices[0].message
         assert budget.reasoning_content == THOUGHT  # low (256 tokens) does not cut this short thought
+        script.set(USER, " ".join(["thinking"] * 40))  # never closes by itself: a budget of 6 tokens cuts it
+        cut = {**kw, "max_tokens": 60, "extra_body": {"reasoning_effort": 6}}
+        whole = cl.chat.completions.create(**cut).choices[0].message
+        assert whole.reasoning_content == tiny.detokenize(script.ids[:6]).strip()
+        jsonschema.validate(json.loads(whole.content), SCHEMA)
+        deltas = [ch.choices[0].delta for ch in cl.chat.completions.create(stream=True, **cut) if ch.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == whole.reasoning_content
+        assert "".join(d.content or "" for d in deltas) == whole.content
     finally:
         srv.stop()
 
