@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
+import fastapi  # noqa: F401,E402 (the dev extra installs the server and its clients)
+import httpx  # noqa: E402
+import uvicorn  # noqa: F401,E402
 
 from edgellm import LLM, SamplingParams  # noqa: E402
 from edgellm.errors import EngineDeadError  # noqa: E402
 from edgellm.server.app import create_app  # noqa: E402
-from test_server import ServerThread  # noqa: E402
+from server_thread import ServerThread  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pexpect
 import pytest
 
 import tiny_models as tm
@@ -92,7 +93,6 @@ def test_info_shows_base_or_instruct(default_model, tmp_path):
 
 @pytest.mark.slow
 def test_chat_on_the_bundled_base_model_says_so_then_chats(default_model, tmp_path):
-    pexpect = pytest.importorskip("pexpect")  # the dev extra installs it
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                EDGELLM_MODEL=default_model, EDGELLM_CACHE=str(tmp_path), NO_COLOR="1", TERM="dumb")
     child = pexpect.spawn(sys.executable, ["-m", "edgellm.cli", "chat", "--threads", "2", "--ctx-size", "512",

@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
+import pexpect
 import pytest
 
 from edgellm.chat import ChatSession, parse_messages
@@ -254,8 +255,6 @@ STATUS = re.compile(r"\[(stopped · )?prefill (\d+) new / (\d+) cached tokens[^\
 
 @pytest.mark.slow
 def test_chat_in_a_terminal(chat_env):
-    import pexpect  # dev extra
-
     child = pexpect.spawn(_chat_cmd()[0], _chat_cmd()[1:] + COMMON + ["--max-tokens", "6", "--system", SYSTEM],
                           env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=90, dimensions=(40, 200))
     try:

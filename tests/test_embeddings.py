@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import openai
 import pytest
 
 TEXTS = ["The cat sat on the mat.", "A", "Embeddings of several lengths, batched together in one forward pass.",
@@ -88,8 +89,7 @@ def test_rank_pooling_and_bad_inputs_are_named_errors(tiny):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    openai = pytest.importorskip("openai")
-    from test_server import ServerThread
+    from server_thread import ServerThread
 
     from edgellm.server.app import create_app
 

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-ollama = pytest.importorskip("ollama")
+import jsonschema  # noqa: E402 (the dev extra installs it)
+import ollama  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
                                            "count": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -126,3 +126,33 @@ def test_errors_are_ollama_shaped(client, server):
                        ("/api/embed", {"model": "x"}), ("/api/chat", {"model": "x", "options": {"top_k": "a"}})):
         r = httpx.post(server.url + path, content=body if isinstance(body, str) else json.dumps(body))
         assert r.status_code in (400, 404) and set(r.json()) == {"error"}, (path, r.text)
+
+
+OLLAMA_OPS = {("get", "/api/version"): None, ("get", "/api/tags"): None, ("get", "/api/ps"): None,
+              ("post", "/api/show"): "ShowRequest", ("post", "/api/chat"): "ChatRequest",
+              ("post", "/api/generate"): "GenerateRequest", ("post", "/api/embed"): "EmbedRequest",
+              ("post", "/api/embeddings"): "EmbeddingsRequest"}
+
+
+def test_openapi_documents_the_ollama_routes(server):
+    """Each route with its request body as a schema (what schemathesis generates requests from), its answer's
+    schema, NDJSON for the streaming ones, and Ollama's error shape for the statuses it sends."""
+    import httpx
+
+    doc = httpx.get(server.url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert not [k for k in schemas if "__" in k]  # no two models of one name (FastAPI would prefix the module)
+    for (method, path), body in OLLAMA_OPS.items():
+        op = doc["paths"][path][method]
+        assert op["description"], path
+        if body:
+            ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == f"#/components/schemas/{body}" and schemas[body]["properties"], path
+        ok = op["responses"]["200"]["content"]
+        assert ok["application/json"]["schema"]["$ref"].startswith("#/components/schemas/"), path
+        assert ("application/x-ndjson" in ok) == (path in ("/api/chat", "/api/generate")), path
+        for code in ("400", "404", "503"):
+            ref = op["responses"][code]["content"]["application/json"]["schema"]["$ref"]
+            assert schemas[ref.rsplit("/", 1)[1]]["properties"] == {"error": {"title": "Error", "type": "string"}}
+        assert "422" not in op["responses"]
+    assert schemas["ChatRequest"]["properties"]["options"]["anyOf"][0]["$ref"].endswith("/Options")

@@ -91,7 +91,7 @@ def test_numba_kernels_match_numpy_reference(qtype):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
 def test_llama_cpp_loads_our_file_same_greedy_text(ftype, f32_models, tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the bench extra) not installed")
     from edgellm.api import LLM
     from edgellm.sampling import SamplingParams
 

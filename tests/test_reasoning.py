@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("llguidance")
+import jsonschema  # noqa: E402 (the dev extra installs it)
+import llguidance  # noqa: F401,E402
+import openai  # noqa: E402
 
 from edgellm.reasoning import ReasoningSplitter, budget_tokens, reasoning_mode  # noqa: E402
 
@@ -165,8 +166,7 @@ def test_maybe_template_opens_the_thinking_for_a_constraint(tiny):
 
 
 def test_server_streams_reasoning_content(tiny, script):
-    openai = pytest.importorskip("openai")
-    from test_server import ServerThread
+    from server_thread import ServerThread
 
     from edgellm.server.app import create_app
 
@@ -191,6 +191,14 @@ def test_server_streams_reasoning_content(tiny, script):
         assert n_r > 3  # the reasoning arrives in pieces, not at the end
         budget = cl.chat.completions.create(**{**kw, "reasoning_effort": "low"}).choices[0].message
         assert budget.reasoning_content == THOUGHT  # low (256 tokens) does not cut this short thought
+        script.set(USER, " ".join(["thinking"] * 40))  # never closes by itself: a budget of 6 tokens cuts it
+        cut = {**kw, "max_tokens": 60, "extra_body": {"reasoning_effort": 6}}
+        whole = cl.chat.completions.create(**cut).choices[0].message
+        assert whole.reasoning_content == tiny.detokenize(script.ids[:6]).strip()
+        jsonschema.validate(json.loads(whole.content), SCHEMA)
+        deltas = [ch.choices[0].delta for ch in cl.chat.completions.create(stream=True, **cut) if ch.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == whole.reasoning_content
+        assert "".join(d.content or "" for d in deltas) == whole.content
     finally:
         srv.stop()
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-pytest.importorskip("llguidance")
-jsonschema = pytest.importorskip("jsonschema")
+import jsonschema  # noqa: E402 (the dev extra installs it)
+import llguidance  # noqa: F401,E402
 
 from edgellm import InvalidRequestError, SamplingParams  # noqa: E402
 
@@ -105,9 +105,8 @@ def test_invalid_constraint_is_a_named_error_at_once(kw):
 
 # -- server and CLI ------------------------------------------------------------------------------------------------
 def test_server_response_format_grammar_and_400(gemma_llm):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
-    from test_server import ServerThread
+    import httpx
+    from server_thread import ServerThread
 
     from edgellm.server.app import create_app
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-llguidance = pytest.importorskip("llguidance")
+import jsonschema  # noqa: E402 (the dev extra installs it)
+import llguidance  # noqa: E402
+import openai  # noqa: E402
 
 from edgellm.chat_template import ChatTemplate  # noqa: E402
 from edgellm.tool_calls import FAMILIES, ToolCallStream, family_for_template, parse, parse_output  # noqa: E402
@@ -328,7 +329,6 @@ def test_llm_chat_required_call(gemma_llm):
 
 @pytest.fixture(scope="module")
 def client(gemma_server):
-    openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
 
@@ -343,7 +343,7 @@ def test_openai_required_and_named_calls_always_validate(client):
 
     def run(job):
         tools, choice, name, prompt, seed = job
-        r = client.chat.completions.create(model="x" * 0 or None, messages=[{"role": "user", "content": prompt}],
+        r = client.chat.completions.create(model=None, messages=[{"role": "user", "content": prompt}],
                                            tools=tools, tool_choice=choice, parallel_tool_calls=False,
                                            temperature=0.8, seed=seed, max_tokens=48)
         return job, r

@@ -162,21 +162,28 @@ def register(app, ready, guarded, *, root: bool = True) -> None:
         async def ollama_root():
             return "Ollama is running"
 
-    @app.get("/api/version", dependencies=guarded)
+    doc = dict(dependencies=guarded, responses=OP.ERROR_RESPONSES, response_model_exclude_unset=True)
+    streamed = {**OP.ERROR_RESPONSES, 200: {"content": OP.NDJSON}}
+
+    @app.get("/api/version", response_model=OP.Version, **doc)
     async def version():
+        """The Ollama API version these routes follow."""
         return {"version": VERSION}
 
-    @app.get("/api/tags", dependencies=guarded)
+    @app.get("/api/tags", response_model=OP.OllamaModelList, **doc)
     async def tags(s: ServerState = Depends(ready)):
+        """The served model (Ollama's model list)."""
         return {"models": [_entry(s)]}
 
-    @app.get("/api/ps", dependencies=guarded)
+    @app.get("/api/ps", response_model=OP.RunningList, **doc)
     async def ps(s: ServerState = Depends(ready)):
+        """The loaded model: loaded until the server stops, its context length."""
         expires = (datetime.now(timezone.utc) + timedelta(days=365)).isoformat()  # loaded until the server stops
         return {"models": [{**_entry(s), "expires_at": expires, "size_vram": 0, "context_length": s.max_len}]}
 
-    @app.post("/api/show", dependencies=guarded)
+    @app.post("/api/show", response_model=OP.ShowResponse, **doc)
     async def show(body: OP.ShowRequest, s: ServerState = Depends(ready)):
+        """The model's details, GGUF metadata (model_info), chat template and capabilities."""
         name = body.model or body.name
         if not name:
             raise OP.OllamaError(400, "model is required")
@@ -191,8 +198,10 @@ def register(app, ready, guarded, *, root: bool = True) -> None:
                 "details": _details(s), "model_info": info, "capabilities": caps, "license": "",
                 "modified_at": _entry(s)["modified_at"]}
 
-    @app.post("/api/chat", dependencies=guarded)
+    @app.post("/api/chat", response_model=OP.ChatResponse, **{**doc, "responses": streamed})
     async def chat(body: OP.ChatRequest, request: Request, s: ServerState = Depends(ready)):
+        """A chat turn (tools, think, format after the thinking); NDJSON unless stream is false; a prompt beyond
+        num_ctx is a 400."""
         check_model(s, body.model)
         if not body.messages:  # Ollama's "load the model" request
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
@@ -203,8 +212,10 @@ def register(app, ready, guarded, *, root: bool = True) -> None:
         ids = await _tokenized(s.llm.prompt_ids, turn.prompt)
         return await _run(s, body, request, turn, ids, "chat")
 
-    @app.post("/api/generate", dependencies=guarded)
+    @app.post("/api/generate", response_model=OP.GenerateResponse, **{**doc, "responses": streamed})
     async def generate(body: OP.GenerateRequest, request: Request, s: ServerState = Depends(ready)):
+        """A completion of prompt (in the chat template unless raw), continuing context if given; NDJSON unless
+        stream is false."""
         check_model(s, body.model)
         if body.suffix:
             raise OP.OllamaError(400, "suffix (fill-in-the-middle) is not supported")
@@ -232,8 +243,9 @@ def register(app, ready, guarded, *, root: bool = True) -> None:
         return await _run(s, body, request, turn, ids, "generate",
                           extra_done=lambda g: prompt + list(g.choices[0].request.output_ids))
 
-    @app.post("/api/embed", dependencies=guarded)
+    @app.post("/api/embed", response_model=OP.EmbedResponse, **doc)
     async def embed(body: OP.EmbedRequest, s: ServerState = Depends(ready)):
+        """L2-normalised embeddings of the inputs, one batch."""
         check_model(s, body.model)
         t0 = time.perf_counter()
         items = [body.input] if isinstance(body.input, str) else body.input
@@ -244,8 +256,9 @@ def register(app, ready, guarded, *, root: bool = True) -> None:
         return {"model": body.model, "embeddings": vecs.tolist(), "total_duration": int((time.perf_counter() - t0) * 1e9),
                 "load_duration": 0, "prompt_eval_count": sum(len(x) for x in ids)}
 
-    @app.post("/api/embeddings", dependencies=guarded)
+    @app.post("/api/embeddings", response_model=OP.EmbeddingsResponse, **doc)
     async def embeddings(body: OP.EmbeddingsRequest, s: ServerState = Depends(ready)):
+        """The older single-prompt embedding route."""
         check_model(s, body.model)
         if not body.prompt:
             return {"embedding": []}

@@ -1,5 +1,6 @@
-"""Ollama's API on the wire: request models (strict types, unknown fields ignored as Ollama does), and the mapping of
-`options`, `format`, `think` and messages onto SamplingParams and a chat turn.
+"""Ollama's API on the wire: request models (strict types, unknown fields ignored as Ollama does), response models
+(they document the routes in /openapi.json), and the mapping of `options`, `format`, `think` and messages onto
+SamplingParams and a chat turn.
 
 Sampling defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat_penalty 1.1 over the last 64
 tokens). `num_ctx` bounds the request's context (at most the loaded one: the model is not reloaded); a prompt that
@@ -50,13 +51,13 @@ Think = Union[bool, Literal["low", "medium", "high"]]
 KeepAlive = Union[str, int, float]
 
 
-class ToolCallFunction(_Req):
+class OllamaToolFunction(_Req):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
 class ToolCall(_Req):
-    function: ToolCallFunction
+    function: OllamaToolFunction
 
 
 class Message(_Req):
@@ -112,6 +113,114 @@ class ShowRequest(_Req):
     model: str | None = None
     name: str | None = None  # older clients
     verbose: bool = False
+
+
+# -- responses (documentation and schemathesis conformance) -------------------------------------------------------
+class OllamaErrorResponse(BaseModel):
+    """Every error under /api/: {"error": message} (the status line says which)."""
+    error: str
+
+
+class Version(BaseModel):
+    version: str
+
+
+class ModelDetails(BaseModel):
+    parent_model: str
+    format: str
+    family: str
+    families: list[str]
+    parameter_size: str
+    quantization_level: str
+
+
+class ModelEntry(BaseModel):
+    name: str
+    model: str
+    size: int
+    digest: str
+    details: ModelDetails
+    modified_at: str
+
+
+class OllamaModelList(BaseModel):
+    models: list[ModelEntry]
+
+
+class RunningModel(ModelEntry):
+    expires_at: str
+    size_vram: int
+    context_length: int
+
+
+class RunningList(BaseModel):
+    models: list[RunningModel]
+
+
+class ShowResponse(BaseModel):
+    modelfile: str
+    parameters: str
+    template: str
+    details: ModelDetails
+    model_info: dict[str, Any]
+    capabilities: list[str]
+    license: str
+    modified_at: str
+
+
+class OllamaToolCallOut(BaseModel):
+    function: OllamaToolFunction
+
+
+class MessageOut(BaseModel):
+    role: Literal["assistant"]
+    content: str
+    thinking: str | None = None
+    tool_calls: list[OllamaToolCallOut] | None = None
+
+
+class _Done(BaseModel):
+    """What a generation's last object carries (absent from the stream's other lines and from a load request's
+    answer); durations in nanoseconds."""
+    model: str
+    created_at: str
+    done: bool
+    done_reason: str | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class ChatResponse(_Done):
+    message: MessageOut
+
+
+class GenerateResponse(_Done):
+    response: str
+    thinking: str | None = None
+    context: list[int] | None = None
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class EmbeddingsResponse(BaseModel):
+    embedding: list[float]
+
+
+ERROR_RESPONSES = {code: {"model": OllamaErrorResponse} for code in (400, 401, 404, 429, 503)}
+NDJSON = {"application/x-ndjson": {"schema": {
+    "description": "stream (the default): one JSON object a line in the non-streamed answer's "
+                                     "shape, the last with done: true and the timings; an error after the status "
+                                     "line is a last line {\"error\": message}"}}}
 
 
 def sampling(opts: Options | None, *, max_tokens: int, fmt) -> SamplingParams:
