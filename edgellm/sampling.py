@@ -129,6 +129,51 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> int:
         """Pick the next token from logits (V,) float32 given the sequence so far (prompt + output)."""
+        x = self._processed(logits, history)
+        if self.params.greedy:
+            return int(np.argmax(x))
+        probs = _softmax(x / self.params.temperature)
+        return int(self.rng.choice(len(probs), p=probs))
+
+    def probs(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """The distribution (V,) float64 the next token is drawn from (one-hot at the argmax when greedy)."""
+        x = self._processed(logits, history)
+        if self.params.greedy:
+            out = np.zeros(len(x))
+            out[int(np.argmax(x))] = 1.0
+            return out
+        return _softmax(x / self.params.temperature)
+
+    def verify(self, logits: np.ndarray, history: np.ndarray, draft: list[int]) -> list[int]:
+        """Speculative verification: logits (1 + d, V) of the last known token's row and of the d draft rows
+        (row i scored after draft[:i]); returns the accepted draft prefix plus one more token (the correction,
+        or the bonus after a fully accepted draft). Greedy: a draft token is accepted iff it is the argmax, so the
+        tokens equal non-speculative decoding's. Sampled: the standard rejection rule for a deterministic
+        proposal: accept draft token t with probability p(t), else draw from p with t removed, renormalised;
+        every emitted token has exactly the distribution of plain sampling (the random draws differ)."""
+        out: list[int] = []
+        hist = list(history)
+        for i, t in enumerate(draft):
+            h = np.asarray(hist, dtype=np.int64)
+            if self.params.greedy:
+                tok = self(logits[i], h)
+                out.append(tok)
+                if tok != t:
+                    return out
+            else:
+                p = self.probs(logits[i], h)
+                if self.rng.random() < p[t]:
+                    out.append(t)
+                else:
+                    p[t] = 0.0
+                    out.append(int(self.rng.choice(len(p), p=p / p.sum())))
+                    return out
+            hist.append(t)
+        out.append(self(logits[len(draft)], np.asarray(hist, dtype=np.int64)))
+        return out
+
+    def _processed(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """logits (V,) after the logit bias and penalties, and unless greedy top-k / top-p / min-p (float64)."""
         p = self.params
         x = logits.astype(np.float64, copy=True)
         for tok, bias in p.logit_bias.items():
@@ -136,11 +181,10 @@ class Sampler:
                 x[int(tok)] += bias
         x = _penalties(x, p, history)
         if p.greedy:
-            return int(np.argmax(x))
+            return x
         for proc in PIPELINE[1:]:
             x = proc(x, p, history)
-        probs = _softmax(x / p.temperature)
-        return int(self.rng.choice(len(probs), p=probs))
+        return x
 
 
 def logprobs(logits: np.ndarray) -> np.ndarray:
