@@ -331,3 +331,32 @@ def test_default_model_greedy_equals_plain(gemma_llm, seed, k):
     reqs = run(eng, ids, sp)
     ref = Engine(gemma_llm.loaded, gemma_llm.model, gemma_llm.tokenizer, ctx_size=1024, kv_cache_tokens=1024)
     assert [r.output_ids for r in reqs] == [r.output_ids for r in run(ref, ids, sp)]
+
+
+# -- API, CLI, server ---------------------------------------------------------------------------------------------------
+def test_llm_option_cli_and_server_stats(tiny_llm, tiny_model):
+    import httpx
+    from click.testing import CliRunner
+    from server_thread import ServerThread
+
+    from edgellm.cli import main
+    from edgellm.server.app import create_app
+
+    assert tiny_llm.engine.speculator is not None  # LLM's default: prompt lookup
+    with pytest.raises(InvalidRequestError):
+        LLM(tiny_model("llama"), speculative="eagle", progress=False)
+    path = tiny_model("llama")
+    outs = [CliRunner().invoke(main, ["generate", "-m", path, "-p", "a b a b a b", "-n", "12", "--temp", "0",
+                                      "--speculative", mode]) for mode in ("off", "ngram")]
+    assert outs[0].exit_code == 0 and outs[0].output == outs[1].output
+    srv = ServerThread(create_app(tiny_llm))
+    try:
+        prompt = repetitive(np.random.default_rng(11), seg=6, reps=4)
+        body = {"prompt": prompt, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+        usage = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()["usage"]
+        details = usage.get("completion_tokens_details") or {}
+        text = httpx.get(srv.url + "/metrics").text
+        assert "edgellm_spec_draft_tokens_total" in text and "edgellm_spec_accepted_tokens_total" in text
+        assert details.get("accepted_prediction_tokens", 0) + details.get("rejected_prediction_tokens", 0) > 0
+    finally:
+        srv.stop()
