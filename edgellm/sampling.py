@@ -70,9 +70,13 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+def _no_penalties(p: SamplingParams) -> bool:
+    return p.repeat_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+
+
 def _penalties(logits: np.ndarray, p: SamplingParams, history: np.ndarray) -> np.ndarray:
     # llama.cpp llama_sampler_penalties: over the last repeat_last_n tokens (prompt included)
-    if p.repeat_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+    if _no_penalties(p):
         return logits
     window = history if p.repeat_last_n == -1 else history[len(history) - p.repeat_last_n:] if p.repeat_last_n else history[:0]
     if not len(window):
@@ -129,10 +133,13 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> int:
         """Pick the next token from logits (V,) float32 given the sequence so far (prompt + output)."""
+        p = self.params
+        if p.greedy and not p.logit_bias and _no_penalties(p):
+            return int(np.argmax(logits))  # float32 -> float64 is exact and monotone: the same argmax, no copy
         x = self._processed(logits, history)
-        if self.params.greedy:
+        if p.greedy:
             return int(np.argmax(x))
-        probs = _softmax(x / self.params.temperature)
+        probs = _softmax(x / p.temperature)
         return int(self.rng.choice(len(probs), p=probs))
 
     def probs(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
@@ -152,9 +159,8 @@ class Sampler:
         proposal: accept draft token t with probability p(t), else draw from p with t removed, renormalised;
         every emitted token has exactly the distribution of plain sampling (the random draws differ)."""
         out: list[int] = []
-        hist = list(history)
         for i, t in enumerate(draft):
-            h = np.asarray(hist, dtype=np.int64)
+            h = np.concatenate([history, np.asarray(draft[:i], dtype=np.int64)]) if i else history  # row i's past
             if self.params.greedy:
                 tok = self(logits[i], h)
                 out.append(tok)
@@ -168,8 +174,7 @@ class Sampler:
                     p[t] = 0.0
                     out.append(int(self.rng.choice(len(p), p=p / p.sum())))
                     return out
-            hist.append(t)
-        out.append(self(logits[len(draft)], np.asarray(hist, dtype=np.int64)))
+        out.append(self(logits[len(draft)], np.concatenate([history, np.asarray(draft, dtype=np.int64)])))
         return out
 
     def _processed(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
