@@ -3,8 +3,8 @@
 Public names: LLM, SamplingParams, Engine, load_model, and the errors (EdgeLLMError and subclasses).
 Heavy modules are imported on first use so `edgellm --help` stays instant.
 """
-from edgellm.errors import (ChecksumMismatchError, ContextOverflowError, EdgeLLMError, EngineDeadError,
-                            EngineStoppedError, GGUFError, InvalidRequestError, ModelDownloadError,
+from edgellm.errors import (ChecksumMismatchError, ContextOverflowError, DraftModelError, EdgeLLMError,
+                            EngineDeadError, EngineStoppedError, GGUFError, InvalidRequestError, ModelDownloadError,
                             ModelNotFoundError, UnsupportedModelError, UnsupportedQuantTypeError)
 
 __version__ = "0.1.0"
@@ -26,7 +26,7 @@ _LAZY = {
 __all__ = ["LLM", "SamplingParams", "Engine", "load_model", "RequestOutput", "EdgeLLMError", "GGUFError",
            "UnsupportedModelError", "UnsupportedQuantTypeError", "ModelNotFoundError", "ContextOverflowError",
            "InvalidRequestError", "EngineStoppedError", "EngineDeadError", "ModelDownloadError",
-           "ChecksumMismatchError"]
+           "ChecksumMismatchError", "DraftModelError"]
 
 
 def __getattr__(name):

@@ -15,6 +15,7 @@ import numpy as np
 from edgellm.engine.engine import Engine
 from edgellm.engine.kv_cache import check_kv_dtype
 from edgellm.engine.loop import EngineLoop
+from edgellm.engine.speculative import parse_speculative
 from edgellm.engine.request import RequestOutput
 from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
 from edgellm.handle import Listener, RequestHandle
@@ -97,12 +98,16 @@ class LLM:
 
     prompt_cache: a directory where computed prompt blocks are kept across restarts (a later process with the same
     prefix skips computing it; engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1 GB), least recently used
-    blocks evicted."""
+    blocks evicted.
+
+    speculative: "ngram" (the default: draft tokens by prompt lookup, verified in the same forward, greedy output
+    unchanged), "off", or {"draft_model": PATH, "k": 4} (a small model with the same vocabulary drafts); see
+    edgellm/engine/speculative.py."""
 
     def __init__(self, model: str | None = None, *, threads: int | None = None, ctx_size: int | None = None,
                  kv_cache_tokens: int | None = None, max_batch: int = 8, progress: bool | None = None,
                  load_tokenizer: bool = True, kv_dtype: str = "f32", prompt_cache: str | os.PathLike | None = None,
-                 prompt_cache_gb: float | None = None):
+                 prompt_cache_gb: float | None = None, speculative="ngram"):
         """kv_dtype: how the KV cache stores K/V, one of edgellm.engine.kv_cache.KV_DTYPES: "f32", "f16" / "bf16"
         (half the memory), "q8_0" (ggml's 8-bit blocks, 0.53x f16's memory; head sizes must be multiples of 32)."""
         if progress is None:
@@ -114,6 +119,7 @@ class LLM:
         self.loaded = load_model(model, progress=progress)
         cfg = self.loaded.config
         check_kv_dtype(kv_dtype, cfg)  # before the weights are prepared
+        spec = parse_speculative(speculative)
         self.config = cfg
         self.ctx_size = min(ctx_size or DEFAULT_CTX, cfg.n_ctx_train)
         if self.ctx_size < 2:
@@ -126,7 +132,7 @@ class LLM:
             self._tokenizer = Tokenizer.from_metadata(self.loaded.metadata)
         self.engine = Engine(self.loaded, self.model, lambda: self.tokenizer, ctx_size=self.ctx_size,
                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch, kv_dtype=kv_dtype,
-                             prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+                             prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb, speculative=spec)
         _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)

@@ -14,6 +14,7 @@ from edgellm.cli_chat import KV_DTYPE_HELP
 from edgellm.cli_errors import friendly_errors
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
+from edgellm.cli_speculative import speculative_options
 threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
                               help="Worker threads (default: physical cores).")
 ctx_option = click.option("--ctx-size", "-c", "ctx_size", type=click.IntRange(min=2), default=None,
@@ -120,15 +121,18 @@ def make_params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, se
 @click.option("--json-schema", "json_schema", type=click.File("r"), default=None,
               help="Constrain the output to JSON valid under this JSON schema file.")
 @prompt_cache_options
+@speculative_options
 @friendly_errors
-def generate(model, prompt, threads, ctx_size, kv_dtype, json_schema, prompt_cache, prompt_cache_gb, **sp):
+def generate(model, prompt, threads, ctx_size, kv_dtype, json_schema, prompt_cache, prompt_cache_gb, speculative,
+             **sp):
     """Complete a prompt; prints only the completion, streamed as it is produced."""
     params = make_params(**sp)
     if json_schema is not None:
         import dataclasses
 
         params = dataclasses.replace(params, json_schema=json_schema.read())  # invalid: a named error, exit 2
-    llm = _llm(model, threads, ctx_size, kv_dtype=kv_dtype, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+    llm = _llm(model, threads, ctx_size, kv_dtype=kv_dtype, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb,
+               speculative=speculative)
     out = sys.stdout
     for piece in llm.stream(prompt, params):
         out.write(piece)

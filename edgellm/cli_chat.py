@@ -10,6 +10,7 @@ import click
 
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
+from edgellm.cli_speculative import speculative_options
 
 KV_DTYPE_HELP = "KV cache type for K and V: f32, f16, bf16 or q8_0 (llama.cpp's -ctk/-ctv q8_0: 0.53x f16's memory)."
 
@@ -34,8 +35,9 @@ KV_DTYPE_HELP = "KV cache type for K and V: f32, f16, bf16 or q8_0 (llama.cpp's 
 @click.option("--load", "load_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Resume a conversation saved with /save.")
 @prompt_cache_options(default_on=True)
+@speculative_options
 def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed, ctx_size, threads,
-         kv_dtype, load_file, prompt_cache, prompt_cache_gb):
+         kv_dtype, load_file, prompt_cache, prompt_cache_gb, speculative):
     """Chat with a model in the terminal (streamed answers, prompt cache across turns).
 
     A long system prompt is computed once: its KV blocks are kept on disk (--prompt-cache) for the next start.
@@ -46,10 +48,11 @@ def chat(model, system, temperature, top_p, top_k, min_p, repeat_penalty, max_to
     friendly_errors(_run)(model=model, system=system, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
                           ctx_size=ctx_size, threads=threads, kv_dtype=kv_dtype, load_file=load_file,
-                          prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+                          prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb, speculative=speculative)
 
 
-def _run(*, model, system, ctx_size, threads, kv_dtype, load_file, prompt_cache, prompt_cache_gb, **sampling) -> None:
+def _run(*, model, system, ctx_size, threads, kv_dtype, load_file, prompt_cache, prompt_cache_gb, speculative,
+         **sampling) -> None:
     from edgellm.api import LLM
     from edgellm.chat import ChatSession
     from edgellm.chat_ui import ChatUI
@@ -65,7 +68,7 @@ def _run(*, model, system, ctx_size, threads, kv_dtype, load_file, prompt_cache,
         click.echo(f"loading {os.path.basename(path)} ...", err=True)
     t0 = time.perf_counter()
     llm = LLM(path, threads=threads, ctx_size=ctx_size, kv_dtype=kv_dtype, progress=show, prompt_cache=prompt_cache,
-              prompt_cache_gb=prompt_cache_gb)
+              prompt_cache_gb=prompt_cache_gb, speculative=speculative)
     if model_kind(llm.loaded.metadata).is_base:  # completion-style: a transcript the base model continues
         llm.chat_template = completion_template(llm.tokenizer)
         params = dataclasses.replace(params, stop=[*params.stop, *COMPLETION_STOPS])

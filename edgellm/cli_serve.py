@@ -8,6 +8,7 @@ import click
 from edgellm.cli_chat import KV_DTYPE_HELP
 from edgellm.cli_options import prompt_cache_options
 from edgellm.cli_pull import model_option
+from edgellm.cli_speculative import speculative_options
 from edgellm.errors import EdgeLLMError
 
 
@@ -33,8 +34,9 @@ from edgellm.errors import EdgeLLMError
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @prompt_cache_options
+@speculative_options
 def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_tokens, threads, kv_dtype,
-          served_model_name, no_webui, log_level, prompt_cache, prompt_cache_gb):
+          served_model_name, no_webui, log_level, prompt_cache, prompt_cache_gb, speculative):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...), with a
     chat page at / and an engine dashboard at /dashboard.
 
@@ -50,13 +52,17 @@ def serve(model, host, port, api_key, max_batch, max_queue, ctx_size, kv_cache_t
     try:
         from edgellm.engine.kv_cache import check_kv_dtype
 
+        from edgellm.engine.speculative import parse_speculative
+
         check_kv_dtype(kv_dtype)  # a bad name fails here, not in the loading thread
+        parse_speculative(speculative)
         path = resolve_model(model, progress=sys.stderr.isatty())  # a wrong path fails here, not in the thread
     except EdgeLLMError as e:
         click.echo(f"edgellm: error: {e}", err=True)
         sys.exit(2)
     kwargs = dict(threads=threads, ctx_size=ctx_size, kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                  kv_dtype=kv_dtype, progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb)
+                  kv_dtype=kv_dtype, progress=False, prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb,
+                  speculative=speculative)
     app = create_app(model=path, llm_kwargs=kwargs, api_key=api_key, max_queue=max_queue,
                      model_id=served_model_name, webui=not no_webui)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

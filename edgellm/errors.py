@@ -52,3 +52,7 @@ class EngineDeadError(EngineStoppedError):
 class EngineStepError(EdgeLLMError):
     """The engine step that ran this request failed (its forward raised); the cause is chained. Other requests
     go on."""
+
+
+class DraftModelError(UnsupportedModelError):
+    """A speculative draft model cannot draft for the target: its vocabulary differs (tokens must mean the same)."""

@@ -70,9 +70,13 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+def _no_penalties(p: SamplingParams) -> bool:
+    return p.repeat_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+
+
 def _penalties(logits: np.ndarray, p: SamplingParams, history: np.ndarray) -> np.ndarray:
     # llama.cpp llama_sampler_penalties: over the last repeat_last_n tokens (prompt included)
-    if p.repeat_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+    if _no_penalties(p):
         return logits
     window = history if p.repeat_last_n == -1 else history[len(history) - p.repeat_last_n:] if p.repeat_last_n else history[:0]
     if not len(window):
@@ -130,17 +134,62 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> int:
         """Pick the next token from logits (V,) float32 given the sequence so far (prompt + output)."""
         p = self.params
+        if p.greedy and not p.logit_bias and _no_penalties(p):
+            return int(np.argmax(logits))  # float32 -> float64 is exact and monotone: the same argmax, no copy
+        x = self._processed(logits, history)
+        if p.greedy:
+            return int(np.argmax(x))
+        probs = _softmax(x / p.temperature)
+        return int(self.rng.choice(len(probs), p=probs))
+
+    def probs(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """The distribution (V,) float64 the next token is drawn from (one-hot at the argmax when greedy)."""
+        x = self._processed(logits, history)
+        if self.params.greedy:
+            out = np.zeros(len(x))
+            out[int(np.argmax(x))] = 1.0
+            return out
+        return _softmax(x / self.params.temperature)
+
+    def verify(self, logits: np.ndarray, history: np.ndarray, draft: list[int]) -> list[int]:
+        """Speculative verification: logits (1 + d, V) of the last known token's row and of the d draft rows
+        (row i scored after draft[:i]); returns the accepted draft prefix plus one more token (the correction,
+        or the bonus after a fully accepted draft). Greedy: a draft token is accepted iff it is the argmax, so the
+        tokens equal non-speculative decoding's. Sampled: the standard rejection rule for a deterministic
+        proposal: accept draft token t with probability p(t), else draw from p with t removed, renormalised;
+        every emitted token has exactly the distribution of plain sampling (the random draws differ)."""
+        out: list[int] = []
+        for i, t in enumerate(draft):
+            h = np.concatenate([history, np.asarray(draft[:i], dtype=np.int64)]) if i else history  # row i's past
+            if self.params.greedy:
+                tok = self(logits[i], h)
+                out.append(tok)
+                if tok != t:
+                    return out
+            else:
+                p = self.probs(logits[i], h)
+                if self.rng.random() < p[t]:
+                    out.append(t)
+                else:
+                    p[t] = 0.0
+                    out.append(int(self.rng.choice(len(p), p=p / p.sum())))
+                    return out
+        out.append(self(logits[len(draft)], np.concatenate([history, np.asarray(draft, dtype=np.int64)])))
+        return out
+
+    def _processed(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """logits (V,) after the logit bias and penalties, and unless greedy top-k / top-p / min-p (float64)."""
+        p = self.params
         x = logits.astype(np.float64, copy=True)
         for tok, bias in p.logit_bias.items():
             if 0 <= int(tok) < len(x):
                 x[int(tok)] += bias
         x = _penalties(x, p, history)
         if p.greedy:
-            return int(np.argmax(x))
+            return x
         for proc in PIPELINE[1:]:
             x = proc(x, p, history)
-        probs = _softmax(x / p.temperature)
-        return int(self.rng.choice(len(probs), p=probs))
+        return x
 
 
 def logprobs(logits: np.ndarray) -> np.ndarray:

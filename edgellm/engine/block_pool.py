@@ -47,12 +47,15 @@ class BlockPool:
                 del self._free[b]
             self.ref[b] += 1
 
-    def free(self, blocks: list[int]) -> None:
+    def free(self, blocks: list[int], *, front: bool = False) -> None:
         """Drop one reference on each block; blocks reaching zero return to the free queue's tail
-        (in reverse so a sequence's last block is evicted before its first)."""
+        (in reverse so a sequence's last block is evicted before its first). front=True: to its head instead,
+        handed out first (blocks holding nothing worth caching, e.g. rolled-back draft rows)."""
         for b in reversed(blocks):
             if self.ref[b] <= 0:
                 raise RuntimeError(f"block {b} freed more often than taken")
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 self._free[b] = None
+                if front:
+                    self._free.move_to_end(b, last=False)

@@ -11,6 +11,7 @@ from edgellm.engine.prompt_cache import PROMPT_CACHE_GB, open_prompt_cache
 from edgellm.engine.request import Request
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.speculative import Speculator, parse_speculative
 from edgellm.engine.swa import slots_needed
 from edgellm.errors import ContextOverflowError, EngineStepError
 from edgellm.sampling import SamplingParams, token_logprobs
@@ -24,10 +25,13 @@ class Engine:
 
     def __init__(self, loaded, model, tokenizer, *, ctx_size: int, kv_cache_tokens: int | None = None,
                  max_batch: int = 8, token_budget: int = 512, block_size: int = BLOCK_SIZE, kv_dtype: str = "f32",
-                 swa_slots: int | None = None, prompt_cache=None, prompt_cache_gb: float | None = None):
+                 swa_slots: int | None = None, prompt_cache=None, prompt_cache_gb: float | None = None,
+                 speculative=None):
         """swa_slots: blocks of K/V kept by sliding-window layers (None: enough for max_batch windows, see
         engine/swa.py; 0: keep every block, like llama.cpp's --swa-full). prompt_cache: a directory where full
-        prompt blocks are kept across restarts (engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1)."""
+        prompt blocks are kept across restarts (engine/prompt_cache.py), at most prompt_cache_gb GB (None: 1).
+        speculative: "ngram", a dict {"draft_model": PATH, "k": 4}, or None / "off" (the default): see
+        engine/speculative.py."""
         self.loaded, self.model = loaded, model
         self._tokenizer = tokenizer  # a Tokenizer, or a zero-argument function building it on first use
         self.ctx_size = ctx_size
@@ -43,7 +47,9 @@ class Engine:
             prompt_cache, loaded, self.kv, max_bytes=int((prompt_cache_gb or PROMPT_CACHE_GB) * 1e9))
         self.kv_manager = KVCacheManager(n_blocks, block_size, self.kv, disk=self.prompt_cache)
         self.pool, self.prefix = self.kv_manager.pool, self.kv_manager.prefix  # read-only views (stats, tests)
-        self.scheduler = Scheduler(self.kv_manager, max_batch=max_batch, token_budget=token_budget)
+        self.speculator = Speculator.create(parse_speculative(speculative), self)
+        self.scheduler = Scheduler(self.kv_manager, max_batch=max_batch, token_budget=token_budget,
+                                   speculator=self.speculator)
         self.runner = ModelRunner(model, self.kv, self.kv_manager)
         self.masks = MaskWorker()
 
@@ -99,18 +105,23 @@ class Engine:
             err.__cause__ = e
             self.scheduler.fail_step(items, err)
             return self._reap([])
-        sampled = {it.request.id: self._sample(it.request, logits[it.request.id]) for it in items
+        sampled = {it.request.id: self._sample(it.request, logits[it.request.id], it.draft) for it in items
                    if it.request.id in logits}
         self.scheduler.update_from_output(items, sampled)
         return self._reap([it.request for it in items if it.request.id in sampled])
 
     @staticmethod
-    def _sample(r: Request, logits):
-        """(token, logprob entry) of r from its logits (V,), grammar mask applied; an error is returned, not raised."""
+    def _sample(r: Request, logits, draft: list[int]):
+        """[(token, logprob entry)] of r from its logits (1 + len(draft), V): one token, grammar mask applied, or
+        the accepted draft prefix and one more (Sampler.verify); an error is returned, not raised."""
         try:
             m, k = r.matcher, r.params.logprobs
-            tok = r.sampler(logits if m is None else m.apply(logits), np.asarray(r.all_ids, dtype=np.int64))
-            return tok, None if k is None else token_logprobs(logits, tok, k)
+            history = np.asarray(r.all_ids, dtype=np.int64)
+            if draft:
+                toks = r.sampler.verify(logits, history, draft)
+            else:
+                toks = [r.sampler(logits[0] if m is None else m.apply(logits[0]), history)]
+            return [(t, None if k is None else token_logprobs(logits[i], t, k)) for i, t in enumerate(toks)]
         except Exception as e:
             return e
 
@@ -126,7 +137,10 @@ class Engine:
         """Write the prompt cache's queued blocks to disk and stop its writer (call once no step runs)."""
         if self.prompt_cache is not None:
             self.prompt_cache.close()
+        if self.speculator is not None:
+            self.speculator.close()
 
     def stats(self) -> dict:
-        return {**self.kv_manager.stats(), "preemptions": self.scheduler.preemptions,
+        return {**self.kv_manager.stats(), **(self.speculator.stats() if self.speculator else {}),
+                "preemptions": self.scheduler.preemptions,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}

@@ -121,6 +121,24 @@ class KVCacheManager:
             self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
         self.pool.free(table)
 
+    def trim(self, req, n_tokens: int) -> list[int]:
+        """Roll req's block table back to the blocks holding positions < n_tokens (speculative rows that were
+        rejected); the freed blocks go to the head of the free queue. Only req's own unshared blocks past its
+        computed tokens can go: shared (prefix-tree) blocks hold prompt positions, never past n_tokens. Returns
+        the freed block ids."""
+        table = self._held.get(req)
+        keep = -(-n_tokens // self.bs)
+        if not table or len(table) <= keep:
+            return []
+        gone = table[keep:]
+        if any(self.pool.ref[b] != 1 or b in self.prefix.by_block for b in gone):
+            raise RuntimeError(f"trim would free a shared block of {gone}")
+        del table[keep:]
+        for b in gone if self.windows is not None else ():
+            self.windows.drop(b)  # its slot holds nothing anyone reads: reused first
+        self.pool.free(gone, front=True)
+        return gone
+
     def prepare(self, batch) -> None:
         """Before a forward: pin the sliding-window blocks every holder's next query attends to and set
         batch.slot_tables (S, MB), giving a slot to every block the batch writes (no-op without trimmed layers)."""

@@ -83,6 +83,7 @@ class Request:
         self.text = ""
         self.n_computed = 0  # tokens whose K/V are in the cache
         self.n_cached = 0  # prompt tokens reused from the prefix tree
+        self.n_drafted = self.n_accepted = 0  # speculative draft tokens verified / accepted (engine/speculative.py)
         self.state = RequestState.WAITING
         self.finish_reason: str | None = None
         self.cancel_requested = False  # set by cancel() (any thread), applied by the scheduler
@@ -164,4 +165,6 @@ class Request:
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.n_cached,
+            "draft_tokens": self.n_drafted,
+            "accepted_draft_tokens": self.n_accepted,
         }

@@ -4,11 +4,15 @@ decodes, preemption (recompute) when blocks run out: lowest priority first, then
 The scheduler is the only writer of request state. It asks the KV cache manager (`lookup`, `allocate`,
 `free`) and decides whom to admit or preempt from the answers; the engine hands it each step's results
 (`update_from_output`, or `fail_step` when the step's forward raised) and it applies them in one place.
-Requests it ended are collected with `take_finished`."""
+Requests it ended are collected with `take_finished`.
+
+Speculative decoding (engine/speculative.py): a decode item may carry draft tokens, scored as extra rows of the
+step and budgeted with it; the step returns the accepted run plus one token, applied token by token (a stop,
+EOS or limit inside the run ends it there), and the rejected rows' blocks are rolled back (KVCacheManager.trim)."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgellm.engine.kv_cache_manager import KVCacheManager
 from edgellm.engine.request import Request, RequestState
@@ -20,14 +24,16 @@ OUTPUT_ESTIMATE = 64  # generated tokens budgeted at admission when other reques
 class ScheduledItem:
     request: Request
     n_new: int  # tokens to run this step, starting at request.n_computed
+    draft: list[int] = field(default_factory=list)  # proposed tokens after the last one, verified this step
 
 
 class Scheduler:
     """Decides, each step, which requests run and how many tokens each contributes."""
 
     def __init__(self, kv: KVCacheManager, *, max_batch: int = 8, token_budget: int = 512,
-                 prefill_chunk: int = 256):
-        self.kv = kv
+                 prefill_chunk: int = 256, speculator=None):
+        """speculator: an engine/speculative.Speculator (None: no drafting)."""
+        self.kv, self.speculator = kv, speculator
         # a chunk never exceeds the step budget, or a prompt could never start
         self.max_batch, self.token_budget, self.chunk = max_batch, token_budget, min(prefill_chunk, token_budget)
         self.waiting: deque[Request] = deque()
@@ -63,12 +69,15 @@ class Scheduler:
             end = self._next_end(req, budget, req.n_computed)
             if end <= req.n_computed:
                 continue
-            while self.kv.allocate(req, end - req.n_computed) is None:
-                if not self._preempt_one(req):
+            draft = self._draft(req, end)
+            while self.kv.allocate(req, end - req.n_computed + len(draft)) is None:
+                if draft:
+                    draft = []  # drafts never preempt anyone
+                elif not self._preempt_one(req):
                     break
             else:
-                items.append(ScheduledItem(req, end - req.n_computed))
-                budget -= end - req.n_computed
+                items.append(ScheduledItem(req, end - req.n_computed, draft))
+                budget -= end - req.n_computed + len(draft)
         items = [it for it in items if it.request in self.running]
         while self.waiting and len(self.running) < self.max_batch and budget > 0:
             req = self.waiting[0]
@@ -102,14 +111,30 @@ class Scheduler:
             try:
                 if isinstance(sampled[r.id], BaseException):
                     raise sampled[r.id]
-                tok, logprob = sampled[r.id]
-                r.append_token(tok, logprob)
-                if r.matcher is not None and not r.finished and r.matcher.accept(tok):
-                    r.finish("stop")  # the grammar is complete (or rejected the token)
+                self._append_run(r, it.draft, sampled[r.id])
             except Exception as e:  # one request's sampling/grammar failure ends that request only
                 r.fail(e)
             if r.finished:
                 self._end(r, r.finish_reason, error=r.error)
+            elif it.draft:
+                self.kv.trim(r, r.n_tokens)  # rejected draft rows: their blocks go back
+
+    def _append_run(self, r: Request, draft: list[int], run: list) -> None:
+        """Append a step's tokens [(token, logprob entry)] (the accepted draft prefix, then one more) until one
+        ends the request; the accepted draft tokens that were appended count as computed (their rows ran)."""
+        accepted = len(run) - 1
+        n_out = len(r.output_ids)
+        for tok, logprob in run:
+            r.append_token(tok, logprob)
+            if r.matcher is not None and not r.finished and r.matcher.accept(tok):
+                r.finish("stop")  # the grammar is complete (or rejected the token)
+            if r.finished:
+                break
+        if draft:
+            r.n_computed += min(accepted, len(r.output_ids) - n_out)
+            r.n_drafted += len(draft)
+            r.n_accepted += accepted
+            self.speculator.record(r, len(draft), accepted)
 
     def fail_step(self, items: list[ScheduledItem], error: BaseException) -> None:
         """The step's forward raised: its requests end with `error`, their unverified K/V not cached."""
@@ -123,6 +148,8 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req, cache=cache)
+        if self.speculator is not None:
+            self.speculator.release(req)
         if error is not None:
             req.fail(error)
         elif not req.finished:
@@ -141,6 +168,16 @@ class Scheduler:
         self.waiting.appendleft(victim)
         self.preemptions += 1
         return True
+
+    def _draft(self, req: Request, end: int) -> list[int]:
+        """Draft tokens for req's decode row (none while recomputing generated tokens after a preemption, or for
+        grammar-constrained requests), as many as its max_tokens and context leave room for. The step budget is
+        not consulted: decode rows come first and max_batch * (1 + max_k) rows stay below it, so a request's
+        drafts never depend on the batch."""
+        if self.speculator is None or end != req.n_tokens or req.matcher is not None:
+            return []
+        room = min(req.params.max_tokens - len(req.output_ids), req.max_len - req.n_tokens) - 1
+        return self.speculator.propose(req, room) if room > 0 else []
 
     def _admission_tokens(self, req: Request) -> int:
         if not self.running:

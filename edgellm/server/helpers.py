@@ -111,9 +111,17 @@ def _completion_logprobs(state: ServerState, c: Choice, upto: int, offset: int) 
 
 
 def _usage(gen: Generation, prompts: list[list[int]]) -> dict:
+    """OpenAI's usage; with speculative drafts, their accepted / rejected tokens under OpenAI's names of
+    predicted-output tokens."""
     p = sum(len(x) for x in prompts)
     g = sum(len(c.request.output_ids) for c in gen.choices)
-    return {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
+    out = {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
+    drafted = sum(c.request.n_drafted for c in gen.choices)
+    if drafted:
+        accepted = sum(c.request.n_accepted for c in gen.choices)
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
+    return out
 
 
 def _card(s: ServerState) -> dict:

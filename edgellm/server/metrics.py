@@ -13,6 +13,10 @@ from edgellm.server.live import LiveStats
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
 
+SPEC_COUNTERS = {  # Engine.stats() keys of speculative decoding (present when it is on)
+    "spec_draft_tokens": "Speculative draft tokens verified.",
+    "spec_accepted_tokens": "Speculative draft tokens accepted (each one a token decoded without its own step).",
+}
 DISK_COUNTERS = {  # KVCacheManager.stats() keys of the prompt cache on disk (present when it is on)
     "disk_hit_blocks": "Prompt KV blocks loaded from the prompt cache on disk.",
     "disk_miss_blocks": "Prompt KV blocks computed although the prompt cache on disk was on.",
@@ -49,7 +53,8 @@ class _EngineCollector:
         counters = [
             ("edgellm_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.", s["prefix_hit_tokens"]),
             ("edgellm_preemptions", "Requests preempted for lack of KV blocks.", s["preemptions"]),
-        ] + [(f"edgellm_prompt_cache_{key}", doc, s[key]) for key, doc in DISK_COUNTERS.items() if key in s]
+        ] + [(f"edgellm_prompt_cache_{key}", doc, s[key]) for key, doc in DISK_COUNTERS.items() if key in s] + [
+            (f"edgellm_{key}", doc, s[key]) for key, doc in SPEC_COUNTERS.items() if key in s]
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)

@@ -187,6 +187,7 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: dict[str, int] | None = None  # speculative drafts: accepted/rejected_prediction_tokens
 
 
 class TopLogprob(BaseModel):
