@@ -152,14 +152,14 @@ def _build(g: GGUFFile, names: list[str], fresh, base: Path, progress: bool) -> 
                                     desc="preparing weights (first run only)") as bar:
         for name in names:
             if _is_stack(g, name):  # expert by expert (bounded memory): the codes back to back, then the scales
-                scs, qs_rec = [], None
+                scs = []
                 n_exp = g.tensors[name].shape[0]
                 for e in range(n_exp):
                     pw = fresh(f"{name}{EXPERT}{e}")
-                    rec = _write(f, pw.qs) if e == 0 else None
-                    if e:
+                    if e == 0:
+                        qs_rec = _write(f, pw.qs)  # aligned start; the other experts' codes follow unpadded
+                    else:
                         f.write(np.ascontiguousarray(pw.qs).tobytes())
-                    qs_rec = qs_rec or rec
                     scs.append(np.ascontiguousarray(pw.sc))
                     del pw
                 qs_rec[1] = [n_exp] + qs_rec[1]

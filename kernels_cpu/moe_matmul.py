@@ -140,7 +140,8 @@ def expert_matmul(act: tuple, stack: ExpertStack, eid: np.ndarray, starts: np.nd
     if threads == 1 or R * stack.shape[0] * stack.shape[1] < split_min_macs():
         run(y, xq, dx, bs, stack.qs, stack.sc, eid, starts, 0, units, None)
         return y
-    cost = np.repeat(np.diff(starts), G).astype(np.float64)  # a unit's work: its job's rows
+    rows = np.diff(starts)
+    cost = None if rows.min() == rows.max() else np.repeat(rows, G).astype(np.float64)  # a unit's work: its rows
     parallel.parallel_for(run, units, 1, None, y, xq, dx, bs, stack.qs, stack.sc, eid, starts, cost=cost,
                           split=split)
     return y
