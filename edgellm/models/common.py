@@ -68,13 +68,6 @@ class Weights:
         """The prepared experts of a 3-D (n_expert, N, K) tensor (kernels_cpu.moe_matmul.ExpertStack)."""
         return self._matrices[name]
 
-    def experts(self, name: str, n: int) -> list:
-        """The prepared per-expert matrices of a 3-D (n_expert, N, K) tensor (views of its ExpertStack)."""
-        stack = self._matrices[name]
-        if stack.n_experts != n:
-            raise ValueError(f"{name}: {stack.n_experts} experts, the config says {n}")
-        return stack.experts
-
     def vector(self, name: str) -> np.ndarray:
         t = self._g.tensors[name]
         return dequantize(self._g.read_tensor_copy(name), t.qtype).reshape(t.shape).astype(np.float32)
