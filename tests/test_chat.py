@@ -255,9 +255,10 @@ STATUS = re.compile(r"\[(stopped · )?prefill (\d+) new / (\d+) cached tokens[^\
 
 @pytest.mark.slow
 def test_chat_in_a_terminal(chat_env):
-    # speculation off: a counting answer drafts so well that it could end before the interrupt arrives
+    # speculation off and a 4096 context: a counting answer filled 512 positions in ~5 s (93 tok/s) in CI before
+    # the interrupt landed; now it runs for ~40 s
     child = pexpect.spawn(_chat_cmd()[0], _chat_cmd()[1:] + COMMON + ["--max-tokens", "6", "--system", SYSTEM,
-                                                                      "--speculative", "off"],
+                                                                      "--speculative", "off", "--ctx-size", "4096"],
                           env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=90, dimensions=(40, 200))
     try:
         child.expect_exact(">>> ")
