@@ -56,6 +56,47 @@ def route(logits: np.ndarray, k: int, *, norm: bool) -> tuple[np.ndarray, np.nda
 
 
 @jit
+def _group(tok, eid, starts, wr, sel, w, E):
+    # counting sort of the (token, expert) pairs of sel (T, k) by expert, stable in token order:
+    # tok (R,) / wr (R,) per pair, eid (J,) the routed experts ascending, starts (J+1,); returns J
+    T, k = sel.shape
+    count = np.zeros(E + 1, dtype=np.int64)
+    for t in range(T):
+        for j in range(k):
+            count[sel[t, j] + 1] += 1
+    J = 0
+    for e in range(E):
+        if count[e + 1]:
+            eid[J] = e
+            starts[J] = count[e]
+            J += 1
+        count[e + 1] += count[e]  # now count[e + 1]: pairs of experts <= e
+    starts[J] = T * k
+    for t in range(T):
+        for j in range(k):
+            e = sel[t, j]
+            r = count[e]
+            count[e] = r + 1
+            tok[r] = t
+            wr[r] = w[t, j]
+    return J
+
+
+def group_by_expert(sel: np.ndarray, w: np.ndarray, n_experts: int):
+    """The routed pairs of sel / w (T, k) grouped by ascending expert, each group in token order:
+    (tok (R,) each pair's token, eid (J,) the experts used, starts (J+1,): expert eid[j] has pairs
+    starts[j]:starts[j+1], w (R,) each pair's weight), R = T * k."""
+    sel = np.ascontiguousarray(sel, dtype=np.int64)
+    if sel.ndim != 2 or w.shape != sel.shape or (sel.size and (sel.min() < 0 or sel.max() >= n_experts)):
+        raise ValueError(f"group_by_expert: selection {sel.shape} of experts outside 0..{n_experts - 1}")
+    R = sel.size
+    tok, wr = np.empty(R, np.int64), np.empty(R, np.float32)
+    eid, starts = np.empty(n_experts, np.int64), np.empty(n_experts + 1, np.int64)
+    J = _group(tok, eid, starts, wr, sel, np.ascontiguousarray(w, dtype=np.float32), n_experts)
+    return tok, eid[:J], starts[:J + 1], wr
+
+
+@jit
 def _combine(out, y, w, tok):
     # out (T, D) float32 += y[r] * w[r] into row tok[r], for r in order
     D = out.shape[1]

@@ -3,10 +3,11 @@ tests/test_kernels_isa.py compiles it) is linked into a small static C program b
 run under qemu-user as a Raspberry Pi 5 CPU (Cortex-A76, dotprod) and a Pi 4 CPU (Cortex-A72, none); its outputs
 for one row group equal the host kernels' bit for bit (exact integer sums, the same float operations per row).
 
-Needs qemu-aarch64-static and aarch64-linux-gnu-gcc (Debian: qemu-user-static, gcc-aarch64-linux-gnu); skipped
-without them. On an aarch64 host tests/test_kernels_matmul.py runs these kernels directly."""
+Needs qemu-aarch64-static and aarch64-linux-gnu-gcc (Debian: qemu-user-static, gcc-aarch64-linux-gnu; .ci/run
+installs them); each test fails without them. On an aarch64 host tests/test_kernels_matmul.py runs these kernels directly."""
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,7 +22,15 @@ from quant.types import QuantType as Q
 from test_kernels_matmul import random_weight
 
 QEMU, GCC = shutil.which("qemu-aarch64-static"), shutil.which("aarch64-linux-gnu-gcc")
-pytestmark = pytest.mark.skipif(not (QEMU and GCC), reason="needs qemu-aarch64-static and aarch64-linux-gnu-gcc")
+pytestmark = pytest.mark.skipif(platform.machine() == "aarch64",
+                                reason="cross-runs aarch64 code from another host; test_kernels_matmul runs it here")
+
+
+@pytest.fixture(autouse=True)
+def _cross_tools():
+    assert QEMU and GCC, ("needs qemu-aarch64-static and aarch64-linux-gnu-gcc: apt-get install qemu-user-static "
+                          "gcc-aarch64-linux-gnu (.ci/run does)")
+
 
 A64 = "aarch64-unknown-linux-gnu"
 NEON = frozenset({"fp-armv8", "neon"})

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +178,37 @@ def test_failed_writes_give_one_warning_and_the_cache_goes_on(tmp_path, caplog):
     save(c, chain(list(range(2, 10))))
     c.close()
     assert len(files(tmp_path)) == 2
+
+
+def test_a_directory_vanishing_while_the_writer_lists_the_root_stops_nothing(tmp_path, monkeypatch):
+    # the writer's first act is to sweep temp files under root; another process removing its cache directory
+    # meanwhile once killed the writer, and flush() then waited for it forever (a CI run hung here)
+    real, gone = os.scandir, []
+
+    def scandir(path="."):
+        if threading.current_thread().name == "edgellm-prompt-cache" and Path(path).parent == tmp_path and not gone:
+            gone.append(path)
+            raise FileNotFoundError(path)
+        return real(path)
+
+    monkeypatch.setattr(pc.os, "scandir", scandir)
+    c = open_cache(tmp_path)
+    save(c, chain(list(range(8))))
+    t = threading.Thread(target=c.flush, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive() and gone and len(files(tmp_path)) == 2
+    c.close()
+
+
+def test_flush_returns_when_the_writer_has_stopped(tmp_path):
+    c = open_cache(tmp_path)
+    c.close()
+    c._q.put(("touch", []))  # a job no writer will take
+    t = threading.Thread(target=c.flush, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive()
 
 
 def test_directory_never_exceeds_its_bound_and_evicts_least_recently_used(tmp_path):

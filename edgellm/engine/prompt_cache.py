@@ -196,9 +196,10 @@ class PromptCache:
             self._q.put(("touch", list(hashes)))
 
     def flush(self) -> None:
-        """Wait until every queued job is written."""
-        if self._thread.is_alive():
-            self._q.join()
+        """Wait until every queued job is written (returns, never hangs, should the writer have stopped)."""
+        with self._q.all_tasks_done:
+            while self._q.unfinished_tasks and self._thread.is_alive():
+                self._q.all_tasks_done.wait(0.05)
 
     def close(self, *, flush: bool = True, timeout: float = 30.0) -> None:
         """Stop the writer: flush=True writes what is queued first (up to timeout s), else drops it. A write cut
@@ -312,7 +313,10 @@ class PromptCache:
 
     # -- the writer thread ----------------------------------------------------------------------------------------
     def _write_loop(self) -> None:
-        self._sweep_temp()
+        try:
+            self._sweep_temp()
+        except OSError as e:  # a directory under root removed while it was listed: the next cache sweeps
+            log.debug("prompt cache: temp sweep stopped: %s", e)
         while True:
             job = self._q.get()
             if job is None:
@@ -374,7 +378,7 @@ class PromptCache:
         """Evict least recently used block files under root (every model's) until the first n new files fit
         within max_bytes; returns n (the leading files of the chain that fit)."""
         files = []
-        for p in self.root.glob("*/*"):
+        for p in _files_under(self.root):
             try:
                 st = p.stat()
             except FileNotFoundError:
@@ -403,7 +407,7 @@ class PromptCache:
 
     def _sweep_temp(self) -> None:
         """Delete temp files left by processes that no longer run (a write cut short)."""
-        for p in self.root.glob(f"*/{TMP}*"):
+        for p in _files_under(self.root, TMP):
             try:
                 pid = int(p.name[len(TMP):].split("-")[0])
                 os.kill(pid, 0)
@@ -411,6 +415,22 @@ class PromptCache:
                 p.unlink(missing_ok=True)
             except (OSError, PermissionError):
                 pass
+
+
+def _files_under(root: Path, prefix: str = "") -> list[Path]:
+    """The files named prefix* one level below root (every model's cache directory); directories removed
+    meanwhile (another process sharing root) are skipped."""
+    out = []
+    try:
+        subdirs = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return out
+    for d in subdirs:
+        try:
+            out.extend(Path(e.path) for e in os.scandir(d) if e.name.startswith(prefix))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return out
 
 
 def open_prompt_cache(root, loaded, kv, *, max_bytes: int) -> PromptCache | None:

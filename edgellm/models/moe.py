@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgellm.models.common import linear
-from kernels_cpu.moe import combine, route
+from kernels_cpu.moe import combine, group_by_expert, route
 from kernels_cpu.moe_matmul import expert_inputs, expert_matmul
 from kernels_cpu.ops import swiglu
 
@@ -32,15 +32,13 @@ class MoEFFN:
     def __call__(self, h: np.ndarray) -> np.ndarray:
         """(T, D) -> (T, D)."""
         sel, wts = self.routes(h)  # (T, k) each
-        flat = sel.ravel()  # (T*k,) token-major
-        order = np.argsort(flat, kind="stable")  # (R,) pairs by ascending expert, then token
-        eid, first = np.unique(flat[order], return_index=True)  # (J,) the routed experts, their first pair
-        starts = np.append(first, len(order))  # (J+1,) job j = pairs starts[j]:starts[j+1]
-        tok = order // self.k  # (R,) each pair's token
+        # pairs by ascending expert, then token: tok (R,), the routed experts eid (J,), job j = pairs
+        # starts[j]:starts[j+1] (J+1,), each pair's weight w (R,)
+        tok, eid, starts, w = group_by_expert(sel, wts, self.gate.n_experts)
         act = expert_inputs(h, self.gate, tok)
         gate = expert_matmul(act, self.gate, eid, starts)  # (R, F)
         if self.up.qtype != self.gate.qtype:
             act = expert_inputs(h, self.up, tok)
         up = expert_matmul(act, self.up, eid, starts)  # (R, F)
         y = expert_matmul(expert_inputs(swiglu(gate, up), self.down), self.down, eid, starts)  # (R, D)
-        return combine(np.zeros_like(h), y, wts.ravel()[order], tok)
+        return combine(np.zeros_like(h), y, w, tok)
