@@ -193,4 +193,5 @@ def _body(spec: KSpec):
 
 
 for _qt, _spec in KSPECS.items():
-    register(_qt, sliced=_spec.quads is not None)(_body(_spec))  # quad vectors: slices of slice_width() rows
+    quad = _spec.quads is not None  # quad vectors: slices of slice_width() rows, sharing a pass (SHARED)
+    register(_qt, sliced=quad, shared=quad)(_body(_spec))

@@ -2,8 +2,8 @@
 
 Rows are taken in groups of R = 16 (N padded with zero rows). For every (group g, block b) the bit planes
 of the 16 rows' codes are stored contiguously in qs (G, NB, QB) uint8, and their scales in sc (G, NB, SB)
-uint8 — see matmul_q / matmul_k / matmul_iq for the exact planes. Bits stay packed: memory is the file size plus a few
-percent (k-quant 6-bit scales are stored unpacked, one byte each).
+uint8 — see matmul_q / matmul_k / matmul_kquad / matmul_iq for the exact planes. Bits stay packed: memory is the
+file size plus a few percent (k-quant 6-bit scales are stored unpacked, one byte each).
 """
 from __future__ import annotations
 
