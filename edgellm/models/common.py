@@ -76,15 +76,17 @@ class Weights:
         return name in self._g.tensors
 
 
-def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float):
-    """Write this step's K/V (T, KVH, hd) into the paged cache, then attend. Returns (T, H*vd)."""
+def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float,
+           sinks: np.ndarray | None = None):
+    """Write this step's K/V (T, KVH, hd) into the paged cache, then attend (sinks: (H,) attention-sink logits or
+    None). Returns (T, H*vd)."""
     kc, vc = kv.layer(layer)
     tables = kv.tables(layer, batch)  # (S, MB) block ids, or slots for a trimmed sliding-window layer
     bs = kc.shape[1]
     slots = tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
     kv.write(layer, slots, k, v)
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
-                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows)
+                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows, sinks=sinks)
     return out.reshape(len(q), -1)
 
 
