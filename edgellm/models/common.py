@@ -55,7 +55,8 @@ class Weights:
         for n, shape in expected_shapes(loaded.config).items():
             if len(shape) == 3:  # experts: one stack per tensor, only the routed experts are read per token
                 names.append(n)
-            elif len(shape) == 2 and (n != "token_embd.weight" or loaded.config.tied_output):  # untied: lookup only
+            elif len(shape) == 2 and n.endswith(".weight") and (n != "token_embd.weight" or loaded.config.tied_output):
+                # (2-D biases of experts are vectors per expert; an untied token_embd is a lookup only)
                 names.append(n)
         names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
         self._matrices = prepare_all(g, names, progress=progress)
