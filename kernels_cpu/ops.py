@@ -1,6 +1,6 @@
-"""Element-wise ops: rmsnorm, rope (YaRN included), activations, and ggml's vectorised expf. Arithmetic follows ggml's CPU ops
-operation for operation (sums in double, rope angles by repeated float32 multiplication, glibc's cosf/sinf/powf,
-the fused multiply-adds GCC contracts), so results are bit-identical to llama.cpp's."""
+"""Element-wise ops: rmsnorm, rope (YaRN included), activations, and ggml's vectorised expf. Arithmetic follows
+ggml's CPU ops operation for operation (sums in double, rope angles by repeated float32 multiplication, glibc's
+cosf/sinf/powf, the fused multiply-adds GCC contracts), so results are bit-identical to llama.cpp's."""
 from __future__ import annotations
 
 import math

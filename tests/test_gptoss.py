@@ -1,6 +1,7 @@
 """gpt-oss (llama.cpp's OPENAI_MOE): its config, its ops (attention sinks in tests/test_kernels_attention_ops.py,
 YaRN rope, swiglu_oai, routing by raw logit) against plain references, a float64 NumPy forward of the whole tiny
-model, and batch invariance (the MoE layer's rows: tests/test_moe.py). Logits against llama.cpp: the tiny_gptoss golden cases in test_golden_tiny.py."""
+model, and batch invariance (the MoE layer's rows: tests/test_moe.py). Logits against llama.cpp: the tiny_gptoss
+golden cases in test_golden_tiny.py."""
 from __future__ import annotations
 
 import math

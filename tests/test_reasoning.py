@@ -68,7 +68,8 @@ def test_modes_of_real_templates():
         budget_tokens("extreme")
 
 
-HARMONY = "<|channel|>analysis<|message|>User wants 1+1 <2.<|end|><|start|>assistant<|channel|>final<|message|>2<|return|>"
+HARMONY = ("<|channel|>analysis<|message|>User wants 1+1 <2.<|end|>"
+           "<|start|>assistant<|channel|>final<|message|>2<|return|>")
 
 
 @pytest.mark.parametrize("text,want", [
