@@ -139,3 +139,35 @@ def test_expert_matmuls_match_llamacpp(case, loaded_cases):
     act = swiglu_oai(data[p["gate"]].reshape(T * k, -1) + bias["gate"][flat],
                      data[p["up"]].reshape(T * k, -1) + bias["up"][flat])
     np.testing.assert_array_equal(act, data[p["act"]].reshape(T * k, -1))  # bit for bit
+
+
+SINK_CASES = [c for c in CASES if json.loads((GOLDEN / f"{c}.json").read_text()).get("sink_probes")]
+
+
+@pytest.mark.parametrize("case", SINK_CASES)
+def test_sink_softmax_is_llamacpps(case, loaded_cases):
+    """The softmax with attention sinks (tests/ggml_ref.py, which the paged attention kernel equals bit for bit:
+    test_kernels_attention_ops.py) on llama.cpp's own KQ of a sliding-window layer gives its probabilities, bit
+    for bit."""
+    import ggml_ref
+
+    from edgellm.loader import load_gguf
+
+    meta = json.loads((GOLDEN / f"{case}.json").read_text())
+    data = np.load(GOLDEN / meta["logits_file"])
+    p = meta["sink_probes"]
+    path = loaded_cases / f"sinks_{meta['model_file']['name']}"
+    writer = dict(meta["writer"])
+    write_tiny_model(path, writer.pop("arch"), **writer)
+    loaded = load_gguf(str(path))
+    cfg, layer = loaded.config, p["layer"]
+    sinks = loaded.gguf.read_tensor_copy(f"blk.{layer}.attn_sinks.weight").view(np.float32).reshape(-1)  # (H,)
+    kq, want = data[p["kq"]], data[p["p"]]  # (H, rows, n_kv)
+    window = cfg.sliding_window if cfg.swa_layers[layer] else 0
+    assert window and window < max(p["rows"])  # the mask cuts the window here
+    cells = np.arange(kq.shape[-1])
+    for h in range(cfg.n_heads):
+        for i, t in enumerate(p["rows"]):
+            seen = (cells <= t) & (cells > t - window)
+            x = np.where(seen, kq[h, i] * np.float32(cfg.attn_scale), -np.inf).astype(np.float32)
+            np.testing.assert_array_equal(ggml_ref.softmax_rows(x[None], sinks[h:h + 1])[0], want[h, i])

@@ -116,6 +116,9 @@ TINY_EXPERT_RTOL = 2e-2
 TINY_EXPERT_PROBES = {"x": "attn_post_norm-0", "ids": "ffn_moe_topk-0", "gate": "ffn_moe_gate-0",
                       "up": "ffn_moe_up-0", "act": "ffn_moe_swiglu_oai-0", "down": "ffn_moe_down-0"}
 GGML_TYPE_I32 = 26
+# Attention sinks (gpt-oss): llama.cpp's unscaled KQ of layer 0 (a sliding-window layer) and its softmax with the
+# sinks, for the query rows TINY_PROBE_ROWS of every head, so the sink softmax is checked bit for bit
+TINY_SINK_PROBES = {"kq": "kq-0", "p": "kq_soft_max-0"}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -528,6 +531,12 @@ def make_tiny(stems: set[str] | None = None) -> None:
                     "expert_probes": {"layer": 0, "rtol": TINY_PROBE_RTOL,
                                       **{k: f"expert_{k}" for k in TINY_EXPERT_PROBES}},
                 }
+            if arch == "gpt-oss":
+                got = _observe(path, tokens, logits, _NamedProbe(TINY_SINK_PROBES.values())).out
+                for key, name in TINY_SINK_PROBES.items():  # (1, H, T, n_kv) -> (H, rows, n_kv)
+                    arrays[f"sink_{key}"] = got[name][0][:, list(TINY_PROBE_ROWS)]
+                extra["sink_probes"] = {"layer": 0, "rows": list(TINY_PROBE_ROWS),
+                                        **{k: f"sink_{k}" for k in TINY_SINK_PROBES}}
             np.savez_compressed(OUT / f"{stem}.npz", **arrays)
             doc = {
                 "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights"
