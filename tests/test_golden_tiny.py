@@ -62,6 +62,15 @@ def test_logits_match_llamacpp(case, loaded_cases):
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.95
 
 
+def _probe_case(case: str, folder: Path, kind: str):
+    """(golden meta, its npz arrays, the case's tiny model written afresh as folder/<kind>_<name>)."""
+    meta = json.loads((GOLDEN / f"{case}.json").read_text())
+    path = folder / f"{kind}_{meta['model_file']['name']}"
+    writer = dict(meta["writer"])
+    write_tiny_model(path, writer.pop("arch"), **writer)
+    return meta, np.load(GOLDEN / meta["logits_file"]), path
+
+
 PROBE_CASES = [c for c in CASES if json.loads((GOLDEN / f"{c}.json").read_text()).get("matmul_probes")]
 
 
@@ -77,11 +86,7 @@ def test_matmul_probes_match_llamacpp(case, loaded_cases):
     from edgellm.gguf_file import read_gguf
     from kernels_cpu import matmul, prepare_weight
 
-    meta = json.loads((GOLDEN / f"{case}.json").read_text())
-    data = np.load(GOLDEN / meta["logits_file"])
-    path = loaded_cases / f"probe_{meta['model_file']['name']}"
-    writer = dict(meta["writer"])
-    write_tiny_model(path, writer.pop("arch"), **writer)
+    meta, data, path = _probe_case(case, loaded_cases, "probe")
     g = read_gguf(path)
     for p in meta["matmul_probes"]:
         t = g.tensors[p["weight"]]
@@ -110,12 +115,8 @@ def test_expert_matmuls_match_llamacpp(case, loaded_cases):
     from kernels_cpu.moe_matmul import expert_inputs, expert_matmul
     from kernels_cpu.ops import swiglu_oai
 
-    meta = json.loads((GOLDEN / f"{case}.json").read_text())
-    data = np.load(GOLDEN / meta["logits_file"])
+    meta, data, path = _probe_case(case, loaded_cases, "experts")
     p = meta["expert_probes"]
-    path = loaded_cases / f"experts_{meta['model_file']['name']}"
-    writer = dict(meta["writer"])
-    write_tiny_model(path, writer.pop("arch"), **writer)
     w = Weights(load_gguf(str(path)))
     g = read_gguf(path)
     x, ids = data[p["x"]], data[p["ids"]].astype(np.int64)  # (T, D), (T, k)
@@ -153,12 +154,8 @@ def test_sink_softmax_is_llamacpps(case, loaded_cases):
 
     from edgellm.loader import load_gguf
 
-    meta = json.loads((GOLDEN / f"{case}.json").read_text())
-    data = np.load(GOLDEN / meta["logits_file"])
+    meta, data, path = _probe_case(case, loaded_cases, "sinks")
     p = meta["sink_probes"]
-    path = loaded_cases / f"sinks_{meta['model_file']['name']}"
-    writer = dict(meta["writer"])
-    write_tiny_model(path, writer.pop("arch"), **writer)
     loaded = load_gguf(str(path))
     cfg, layer = loaded.config, p["layer"]
     sinks = loaded.gguf.read_tensor_copy(f"blk.{layer}.attn_sinks.weight").view(np.float32).reshape(-1)  # (H,)
