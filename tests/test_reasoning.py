@@ -97,6 +97,7 @@ def test_harmony_template_mode_and_effort():
 
     from edgellm.chat_template import ChatTemplate
     from edgellm.chat_turn import ChatTurn
+    from edgellm.errors import InvalidRequestError
     from edgellm.sampling import SamplingParams
 
     src = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
@@ -108,6 +109,8 @@ def test_harmony_template_mode_and_effort():
     assert turn.reasoning.format == "harmony" and turn.reasoning.start == "header"
     p = turn.sampling(SamplingParams(max_tokens=5))
     assert p.skip_special_tokens is False and p.compiled_grammar is None
+    with pytest.raises(InvalidRequestError, match="harmony"):  # a constraint would bind the analysis channel
+        turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA))
     r = turn.result(HARMONY, "stop")
     assert (r.reasoning_content, r.content) == ("User wants 1+1 <2.", "2")
     assert "Reasoning: medium" in ChatTurn(fake, USER).prompt  # the template's default
