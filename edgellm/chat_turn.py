@@ -111,8 +111,8 @@ class ChatTurn:
         inner = self.grammar if self.grammar is not None else p.compiled_grammar
         fmt = FORMATS[self.reasoning.format] if self.reasoning is not None else None
         if fmt is not None and not fmt.phased and inner is not None:  # it would bind the thinking's first token
-            raise InvalidRequestError(f"tools, a response format or a grammar cannot constrain a {self.reasoning.format}"
-                                      " reasoning model's answer yet")
+            raise InvalidRequestError("tools, a response format or a grammar cannot constrain the answer of a "
+                                      f"{self.reasoning.format} reasoning model yet")
         if fmt is not None and fmt.phased and (inner is not None or self.reasoning.budget is not None):
             p.compiled_grammar = ReasoningGrammar(self.reasoning, inner)
         else:
