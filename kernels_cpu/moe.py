@@ -1,8 +1,9 @@
 """Mixture-of-experts routing kernels, one per gating function of llama.cpp's build_moe_ffn (GATINGS):
 "softmax" (qwen3moe): softmax over each row's router logits, the top-k experts by probability; "softmax_weight"
 (gpt-oss): the top-k experts by raw logit, then a softmax over those k. Ties go to the lower expert id; the
-weights are optionally renormalised to sum 1. One compiled call replaces a dozen small NumPy operations per layer
-in decode."""
+weights are optionally renormalised to sum 1. group_by_expert orders the picks for the expert matmuls, combine sums
+each token's expert outputs in its router's order. One compiled call replaces a dozen small NumPy operations per
+layer in decode."""
 from __future__ import annotations
 
 import math
@@ -98,26 +99,70 @@ def route(logits: np.ndarray, k: int, *, norm: bool, gating: str = "softmax") ->
 
 
 @jit
-def _combine(out, y, w, tok, rows):
-    # out (T, D) float32 += y[rows[r]] * w[r] into row tok[r], for r in order
+def _group(tok, eid, starts, wr, pos, sel, w, E):
+    # counting sort of the (token, expert) pairs of sel (T, k) by expert, stable in token order:
+    # tok (R,) / wr (R,) per pair, eid (J,) the routed experts ascending, starts (J+1,), pos (T, k) the row of
+    # each pick in that order; returns J
+    T, k = sel.shape
+    count = np.zeros(E + 1, dtype=np.int64)
+    for t in range(T):
+        for j in range(k):
+            count[sel[t, j] + 1] += 1
+    J = 0
+    for e in range(E):
+        if count[e + 1]:
+            eid[J] = e
+            starts[J] = count[e]
+            J += 1
+        count[e + 1] += count[e]  # now count[e + 1]: pairs of experts <= e
+    starts[J] = T * k
+    for t in range(T):
+        for j in range(k):
+            e = sel[t, j]
+            r = count[e]
+            count[e] = r + 1
+            tok[r] = t
+            wr[r] = w[t, j]
+            pos[t, j] = r
+    return J
+
+
+def group_by_expert(sel: np.ndarray, w: np.ndarray, n_experts: int):
+    """The routed pairs of sel / w (T, k) grouped by ascending expert, each group in token order:
+    (tok (R,) each pair's token, eid (J,) the experts used, starts (J+1,): expert eid[j] has pairs
+    starts[j]:starts[j+1], w (R,) each pair's weight, pos (T, k) the row of each token's pick), R = T * k."""
+    sel = np.ascontiguousarray(sel, dtype=np.int64)
+    if sel.ndim != 2 or w.shape != sel.shape or (sel.size and (sel.min() < 0 or sel.max() >= n_experts)):
+        raise ValueError(f"group_by_expert: selection {sel.shape} of experts outside 0..{n_experts - 1}")
+    R = sel.size
+    tok, wr = np.empty(R, np.int64), np.empty(R, np.float32)
+    eid, starts = np.empty(n_experts, np.int64), np.empty(n_experts + 1, np.int64)
+    pos = np.empty(sel.shape, np.int64)
+    J = _group(tok, eid, starts, wr, pos, sel, np.ascontiguousarray(w, dtype=np.float32), n_experts)
+    return tok, eid[:J], starts[:J + 1], wr, pos
+
+
+@jit
+def _combine(out, y, w, pos):
+    # out (T, D) float32 += y[pos[t, j]] * w[t, j] for each token t, its picks j in order
+    T, k = pos.shape
     D = out.shape[1]
-    for r in range(len(tok)):
-        t = tok[r]
-        yr = rows[r]
-        wr = w[r]
-        for d in range(D):
-            out[t, d] += y[yr, d] * wr
+    for t in range(T):
+        for j in range(k):
+            r = pos[t, j]
+            wr = w[t, j]
+            for d in range(D):
+                out[t, d] += y[r, d] * wr
 
 
-def combine(out: np.ndarray, y: np.ndarray, w: np.ndarray, tok: np.ndarray, rows: np.ndarray | None = None
-            ) -> np.ndarray:
-    """out (T, D) += the expert outputs y (R, D) weighted by w (R,): for r in order, row rows[r] of y (default: r)
-    into token tok[r] (callers fix each token's order of its experts, so its sum never depends on the batch)."""
+def combine(out: np.ndarray, y: np.ndarray, w: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """out (T, D) += the expert outputs y (R, D) weighted by w (T, k): token t adds row pos[t, j] of y times
+    w[t, j] for j = 0, 1, ... in turn, its router's order (llama.cpp sums the picks so), so a token's sum never
+    depends on the batch."""
     R, D = y.shape
-    tok = np.ascontiguousarray(tok, dtype=np.int64)
-    rows = np.arange(R, dtype=np.int64) if rows is None else np.ascontiguousarray(rows, dtype=np.int64)
-    if out.shape[1] != D or len(w) != R or len(tok) != R or (R and (tok.min() < 0 or tok.max() >= len(out))) \
-            or len(rows) != R or (R and (rows.min() < 0 or rows.max() >= R)):
-        raise ValueError(f"combine: out {out.shape}, y {y.shape}, w {np.shape(w)}, tok {tok.shape}, rows {rows.shape}")
-    _combine(out, np.ascontiguousarray(y, dtype=np.float32), np.ascontiguousarray(w, dtype=np.float32), tok, rows)
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if out.shape[1] != D or np.shape(w) != pos.shape or pos.shape[0] != len(out) or \
+            (pos.size and (pos.min() < 0 or pos.max() >= R)):
+        raise ValueError(f"combine: out {out.shape}, y {y.shape}, w {np.shape(w)}, pos {pos.shape}")
+    _combine(out, np.ascontiguousarray(y, dtype=np.float32), np.ascontiguousarray(w, dtype=np.float32), pos)
     return out

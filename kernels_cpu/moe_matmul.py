@@ -105,6 +105,23 @@ def _rows_sized(a: np.ndarray, rows: int) -> np.ndarray:
     return a if a.shape[0] == rows else np.zeros((rows,) + a.shape[1:], a.dtype)
 
 
+_JOB_ERRORS = {1: "expert_matmul: starts must rise from 0 to the row count, one job per expert id",
+               2: "expert_matmul: expert id outside 0..{n}"}
+
+
+@jit
+def _check_jobs(eid, starts, R, E):
+    # 0 when starts (J+1,) rises from 0 to R and every eid (J,) is in 0..E-1; else a key of _JOB_ERRORS
+    if starts[0] != 0 or starts[len(starts) - 1] != R:
+        return 1
+    for j in range(len(eid)):
+        if starts[j + 1] < starts[j]:
+            return 1
+        if eid[j] < 0 or eid[j] >= E:
+            return 2
+    return 0
+
+
 def expert_inputs(x: np.ndarray, stack: ExpertStack, rows: np.ndarray | None = None) -> tuple:
     """Activations of x (T, K) for the stack's kernels, as rows x[rows] (R,) when given: each row is quantized
     on its own, so quantizing x once and gathering equals quantizing the gathered rows."""
@@ -124,10 +141,11 @@ def expert_matmul(act: tuple, stack: ExpertStack, eid: np.ndarray, starts: np.nd
     R = xq.shape[0]
     eid = np.ascontiguousarray(eid, dtype=np.int64)
     starts = np.ascontiguousarray(starts, dtype=np.int64)
-    if len(starts) != len(eid) + 1 or starts[0] != 0 or starts[-1] != R or np.any(np.diff(starts) < 0):
+    if len(starts) != len(eid) + 1:
         raise ValueError("expert_matmul: starts must rise from 0 to the row count, one job per expert id")
-    if len(eid) and (eid.min() < 0 or eid.max() >= stack.n_experts):
-        raise ValueError(f"expert_matmul: expert id outside 0..{stack.n_experts - 1}")
+    bad = _check_jobs(eid, starts, R, stack.n_experts)
+    if bad:
+        raise ValueError(_JOB_ERRORS[bad].format(n=stack.n_experts - 1))
     if dx.shape[0] != R or bs.shape[0] != R:
         raise ValueError("expert_matmul: activations of unequal row counts")
     y = np.empty((R, stack.shape[0]), np.float32)
@@ -140,8 +158,8 @@ def expert_matmul(act: tuple, stack: ExpertStack, eid: np.ndarray, starts: np.nd
     if threads == 1 or R * stack.shape[0] * stack.shape[1] < split_min_macs():
         run(y, xq, dx, bs, stack.qs, stack.sc, eid, starts, 0, units, None)
         return y
-    rows = np.diff(starts)
-    cost = None if rows.min() == rows.max() else np.repeat(rows, G).astype(np.float64)  # a unit's work: its rows
+    # a unit's work is its job's rows: split by it, unless the jobs times the first one's rows make R (decode)
+    cost = None if len(eid) * (starts[1] - starts[0]) == R else np.repeat(np.diff(starts), G).astype(np.float64)
     parallel.parallel_for(run, units, 1, None, y, xq, dx, bs, stack.qs, stack.sc, eid, starts, cost=cost,
                           split=split)
     return y

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -72,17 +73,31 @@ def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> l
     return [0, *np.maximum(cuts, 0).tolist(), n_jobs]
 
 
+_TEAM = threading.local()  # .size: the Numba team size last set from this launching thread
+_EVEN: dict[tuple[int, int], np.ndarray] = {}  # (n_jobs, threads) -> equal-count prange bounds
+
+
 def prange_bounds(n_jobs: int, threads: int, cost=None) -> np.ndarray | None:
     """int64 chunk bounds for a prange twin over `threads` chunks (see chunk_bounds), or None when prange
     twins are not in use (FAST_PRANGE false: use the Python-level hand-off). Numba's team size is per
     launching thread and defaults to every logical CPU: it is set to the kernels' thread count here, so
-    hyper-thread siblings do not spin beside the working threads."""
+    hyper-thread siblings do not spin beside the working threads. Equal-count bounds are made once per shape
+    (a decode step asks for the same few thousands of times)."""
     if not FAST_PRANGE:
         return None
     n = get_threads()
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
-    return np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64)
+    if getattr(_TEAM, "size", None) != n:
+        if numba.get_num_threads() != n:
+            numba.set_num_threads(n)
+        _TEAM.size = n
+    if cost is not None:
+        return np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64)
+    b = _EVEN.get((n_jobs, threads))
+    if b is None:
+        if len(_EVEN) > 4096:
+            _EVEN.clear()
+        b = _EVEN[(n_jobs, threads)] = np.asarray(chunk_bounds(n_jobs, threads), np.int64)  # kernels only read it
+    return b
 
 
 def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *args, cost=None, split=None) -> None:

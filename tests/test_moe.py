@@ -73,6 +73,36 @@ def test_only_routed_experts_are_read(llm):
             setattr(ffn, m, st)
 
 
+def test_group_by_expert_matches_a_stable_sort():
+    from kernels_cpu.moe import group_by_expert
+
+    rng = np.random.default_rng(1)
+    for T, k, E in ((1, 2, 8), (7, 2, 8), (33, 4, 48), (0, 2, 8)):
+        sel = np.array([rng.permutation(E)[:k] for _ in range(T)], dtype=np.int64).reshape(T, k)
+        w = rng.random((T, k)).astype(np.float32)
+        order = np.argsort(sel.ravel(), kind="stable")
+        eid, first = np.unique(sel.ravel()[order], return_index=True)
+        tok, eid2, starts, wr, pos = group_by_expert(sel, w, E)
+        np.testing.assert_array_equal(tok, order // k)
+        np.testing.assert_array_equal(order[pos.ravel()], np.arange(T * k))  # each pick's row
+        np.testing.assert_array_equal(eid2, eid)
+        np.testing.assert_array_equal(starts, np.append(first, T * k))
+        np.testing.assert_array_equal(wr, w.ravel()[order])
+    with pytest.raises(ValueError, match="outside"):
+        group_by_expert(np.array([[0, 8]]), np.ones((1, 2), np.float32), 8)
+
+
+def test_expert_matmul_rejects_bad_jobs(llm):
+    from kernels_cpu.moe_matmul import expert_inputs, expert_matmul
+
+    ffn = llm.model.layers[1].moe
+    act = expert_inputs(np.ones((3, llm.config.d_model), np.float32), ffn.gate)
+    for eid, starts, msg in (([0, 1], [0, 2, 2, 3], "starts"), ([0, 1], [0, 2, 1], "starts"),
+                             ([0, 1], [0, 1, 2], "starts"), ([0, MOE_EXPERTS], [0, 1, 3], "outside")):
+        with pytest.raises(ValueError, match=msg):
+            expert_matmul(act, ffn.gate, np.array(eid), np.array(starts))
+
+
 def test_fused_expert_calls_equal_one_matmul_per_expert(llm):
     """The one-call-per-projection path equals the plain per-expert matmuls, bit for bit."""
     from edgellm.models.common import linear, linears

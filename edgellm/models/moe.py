@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgellm.models.common import linear
-from kernels_cpu.moe import combine, route
+from kernels_cpu.moe import combine, group_by_expert, route
 from kernels_cpu.moe_matmul import expert_inputs, expert_matmul
 from kernels_cpu.ops import swiglu, swiglu_oai
 
@@ -40,12 +40,10 @@ class MoEFFN:
     def __call__(self, h: np.ndarray) -> np.ndarray:
         """(T, D) -> (T, D)."""
         sel, wts = self.routes(h)  # (T, k) each
-        flat = sel.ravel()  # (T*k,) token-major
-        order = np.argsort(flat, kind="stable")  # (R,) pairs by ascending expert, then token
-        row_eid = flat[order]  # (R,) each routed row's expert
-        eid, first = np.unique(row_eid, return_index=True)  # (J,) the routed experts, their first pair
-        starts = np.append(first, len(order))  # (J+1,) job j = pairs starts[j]:starts[j+1]
-        tok = order // self.k  # (R,) each pair's token
+        # pairs by ascending expert, then token: tok (R,), the routed experts eid (J,), job j = pairs
+        # starts[j]:starts[j+1] (J+1,); pos (T, k): the row of each token's pick
+        tok, eid, starts, _, pos = group_by_expert(sel, wts, self.gate.n_experts)
+        row_eid = np.repeat(eid, np.diff(starts)) if self.gate_b is not None else None  # (R,) each row's expert
         act = expert_inputs(h, self.gate, tok)
         gate = _biased(expert_matmul(act, self.gate, eid, starts), self.gate_b, row_eid)  # (R, F)
         if self.up.qtype != self.gate.qtype:
@@ -53,9 +51,7 @@ class MoEFFN:
         up = _biased(expert_matmul(act, self.up, eid, starts), self.up_b, row_eid)  # (R, F)
         y = expert_matmul(expert_inputs(self.act(gate, up), self.down), self.down, eid, starts)  # (R, D)
         y = _biased(y, self.down_b, row_eid)
-        rows = np.empty_like(order)
-        rows[order] = np.arange(len(order))  # (T*k,) pair p = (token p // k, its p % k-th pick) is row rows[p]
-        return combine(np.zeros_like(h), y, wts.ravel(), np.arange(len(order)) // self.k, rows)
+        return combine(np.zeros_like(h), y, wts, pos)
 
 
 def _biased(y: np.ndarray, bias: np.ndarray | None, row_eid: np.ndarray) -> np.ndarray:
