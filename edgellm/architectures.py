@@ -28,6 +28,12 @@ class ArchSpec:
     softcaps: tuple[float, float] = (0.0, 0.0)  # (attention, final) logit soft-caps when the keys are missing
     no_rope_every: int = 0  # every n-th layer (il + 1 = n, 2n, ...) skips rotary embeddings (smollm3's NoPE)
     moe_norm_topk: bool = False  # mixture of experts: the routed experts' softmax weights renormalised to sum 1
+    moe_gating: str = "softmax"  # kernels_cpu.moe.GATINGS: "softmax_weight" picks by raw logit, softmax over k
+    moe_act: str = "swiglu"  # edgellm.models.moe.ACTIVATIONS
+    moe_bias: bool = False  # router and expert biases (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias)
+    sinks: bool = False  # attention sinks: a learned per-head logit in the softmax (attn_sinks.weight)
+    out_bias: bool = False  # attn_output.bias
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
     hf_archs: tuple[str, ...] = ()  # HF config.json "architectures" converted to this arch (convert/<arch>.py)
 
 
@@ -38,6 +44,11 @@ ARCHS: dict[str, ArchSpec] = {
     "qwen3": ArchSpec("llama", rope_neox=True, qk_norm=True, hf_archs=("Qwen3ForCausalLM",)),
     # mixture of experts (ffn_gate_inp router, ffn_{gate,up,down}_exps): qwen3 attention, top-k softmax routing
     "qwen3moe": ArchSpec("llama", rope_neox=True, qk_norm=True, moe_norm_topk=True),
+    # gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): q/k/v/o biases, attention sinks, even layers sliding-window,
+    # YaRN rope, MoE routed by raw logits with biases and the clamped swiglu_oai, MXFP4 experts
+    "gpt-oss": ArchSpec("llama", rope_neox=True, bias=True, swa_pattern=2, moe_gating="softmax_weight",
+                        moe_act="swiglu_oai", moe_bias=True, sinks=True, out_bias=True,
+                        ffn_norm="post_attention_norm"),
     "smollm3": ArchSpec("llama", rope_neox=False, no_rope_every=4),
     # phi3: fused attn_qkv and gate+up (ffn_up holds both), optional partial rotary and long/short rope factors
     "phi3": ArchSpec("llama", rope_neox=True),

@@ -8,7 +8,7 @@ import copy
 from dataclasses import dataclass, field
 
 from edgellm.errors import InvalidRequestError
-from edgellm.reasoning import ReasoningGrammar, ReasoningSplitter, reasoning_mode
+from edgellm.reasoning import FORMATS, ReasoningGrammar, make_splitter, reasoning_mode
 from edgellm.sampling import SamplingParams
 from edgellm.tool_calls import GENERIC, ToolCallStream, family_for_template
 from edgellm.tool_prompt import check_choice, check_tools, generic_messages, has_tool_history, native_messages
@@ -39,7 +39,7 @@ class TurnStream:
     """Output text, piece by piece -> OpenAI chat deltas ({"reasoning_content"}, {"content"}, {"tool_calls"})."""
 
     def __init__(self, turn: "ChatTurn"):
-        self.split = ReasoningSplitter(turn.reasoning.start) if turn.reasoning else None
+        self.split = make_splitter(turn.reasoning) if turn.reasoning else None
         self.calls = ToolCallStream(turn.family) if turn.choice.mode != "none" else None
         self.reasoning: str | None = None
         self.content = ""
@@ -85,6 +85,8 @@ class ChatTurn:
         self.native = tpl.uses_tools
         self.family = family_for_template(tpl.source) if self.native else GENERIC
         extra = dict(template_kwargs or {})
+        if isinstance(reasoning_effort, str) and "reasoning_effort" in (tpl.source or ""):
+            extra.setdefault("reasoning_effort", reasoning_effort)  # gpt-oss's template: "Reasoning: <level>"
         if self.native:
             messages = native_messages(messages, self.family)
             if active:
@@ -107,11 +109,15 @@ class ChatTurn:
         if self.grammar is not None and p.compiled_grammar is not None:
             raise InvalidRequestError("give tools or a response format / grammar, not both")
         inner = self.grammar if self.grammar is not None else p.compiled_grammar
-        if self.reasoning is not None and (inner is not None or self.reasoning.budget is not None):
+        fmt = FORMATS[self.reasoning.format] if self.reasoning is not None else None
+        if fmt is not None and not fmt.phased and inner is not None:  # it would bind the thinking's first token
+            raise InvalidRequestError("tools, a response format or a grammar cannot constrain the answer of a "
+                                      f"{self.reasoning.format} reasoning model yet")
+        if fmt is not None and fmt.phased and (inner is not None or self.reasoning.budget is not None):
             p.compiled_grammar = ReasoningGrammar(self.reasoning, inner)
         else:
             p.compiled_grammar = inner
-        if self.choice.mode != "none":
+        if self.choice.mode != "none" or (fmt is not None and fmt.special_tokens):
             p.skip_special_tokens = False  # openers that are control tokens must show in the text
         return p
 

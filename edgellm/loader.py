@@ -55,6 +55,13 @@ class ModelConfig:
     n_experts_used: int = 0  # experts each token is routed to
     d_ff_expert: int = 0  # one expert's FFN width
     moe_norm_topk: bool = False  # routed weights renormalised to sum 1
+    moe_gating: str = "softmax"  # kernels_cpu.moe.GATINGS key
+    moe_act: str = "swiglu"  # edgellm.models.moe.ACTIVATIONS key
+    moe_bias: bool = False  # router and expert biases
+    attn_sinks: bool = False  # per-head attention-sink logits (attn_sinks.weight)
+    out_bias: bool = False  # attn_output.bias
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's tensor name in each block
+    rope_yarn: tuple | None = None  # YaRN: (ext_factor, original context, beta_fast, beta_slow); None: no YaRN
     name: str = ""
     file_type: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
@@ -93,9 +100,15 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         swa = tuple(bool(window) for _ in range(n_layers))
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(g("rope.scaling.factor", 1.0) or 1.0)
-    rope_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
-    if scaling not in ("none", "linear", "longrope", None):
+    rope_scale = 1.0 / factor if scaling in ("linear", "yarn") and factor > 0 else 1.0
+    if scaling not in ("none", "linear", "longrope", "yarn", None):
         raise UnsupportedModelError(f"{path}: rope scaling {scaling!r} is not supported yet")
+    rope_ctx_orig = int(g("rope.scaling.original_context_length", r("context_length")))
+    mscale = float(g("rope.scaling.attn_factor", 1.0) or 1.0)
+    yarn = None
+    if scaling == "yarn":  # llama.cpp's defaults: ext_factor 1, beta 32 / 1 (it reads no yarn_* key for these archs)
+        yarn = (1.0, rope_ctx_orig, 32.0, 1.0)
+        mscale = yarn_attn_factor(np.float32(1.0) / np.float32(factor), mscale)
     rope_base = float(g("rope.freq_base", 10000.0))
     n_rot = int(g("rope.dimension_count", head_dim))
     every = spec.no_rope_every
@@ -124,14 +137,26 @@ def config_from_metadata(meta: dict, tensors: dict[str, TensorInfo], path: str =
         final_softcap=float(g("final_logit_softcapping", final_cap) or 0.0),
         tied_output="output.weight" not in tensors,
         n_rot=n_rot, rope_layers=rope_layers, rope_factors=factors if has_factors else None,
-        rope_ctx_orig=int(g("rope.scaling.original_context_length", r("context_length"))),
-        rope_mscale=float(g("rope.scaling.attn_factor", 1.0) or 1.0),
+        rope_ctx_orig=rope_ctx_orig, rope_mscale=mscale, rope_yarn=yarn,
         n_experts=n_exp, n_experts_used=n_used, d_ff_expert=d_ff_exp if n_exp else 0,
-        moe_norm_topk=spec.moe_norm_topk,
+        moe_norm_topk=spec.moe_norm_topk, moe_gating=spec.moe_gating, moe_act=spec.moe_act, moe_bias=spec.moe_bias,
+        attn_sinks=spec.sinks, out_bias=spec.out_bias, ffn_norm=spec.ffn_norm,
         fused_qkv="blk.0.attn_qkv.weight" in tensors, fused_up="blk.0.ffn_gate.weight" not in tensors
         and "blk.0.ffn_up.weight" in tensors,
         name=str(meta.get("general.name", "")), file_type=meta.get("general.file_type"),
     )
+
+
+def yarn_attn_factor(freq_scale: np.float32, attn_factor: float) -> float:
+    """llama_context's yarn_attn_factor for YaRN (float32 as it computes it): get_mscale(1 / freq_scale) =
+    0.1 ln(factor) + 1, divided by the 1 + 0.1 ln(factor) that ggml's rope multiplies in again, times the file's
+    rope.scaling.attn_factor."""
+    f = np.float32
+    factor = f(1.0) / f(freq_scale)
+    ln = f(math.log(factor))
+    m = f(f(0.1) * ln) + f(1.0) if factor > 1 else f(1.0)
+    m = f(m * f(f(1.0) / f(f(1.0) + f(f(0.1) * ln))))
+    return float(f(m * f(attn_factor)))
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -148,11 +173,18 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b + "attn_qkv.weight"] = (q + k + v, d)
         else:
             shapes |= {b + "attn_q.weight": (q, d), b + "attn_k.weight": (k, d), b + "attn_v.weight": (v, d)}
-        shapes |= {b + "attn_output.weight": (d, cfg.n_heads * vd), b + "ffn_norm.weight": (d,)}
+        shapes |= {b + "attn_output.weight": (d, cfg.n_heads * vd), b + f"{cfg.ffn_norm}.weight": (d,)}
+        if cfg.out_bias:
+            shapes[b + "attn_output.bias"] = (d,)
+        if cfg.attn_sinks:
+            shapes[b + "attn_sinks.weight"] = (cfg.n_heads,)
         e, fe = cfg.n_experts, cfg.d_ff_expert
         if e:  # router + 3-D expert tensors (n_expert, N, K)
             shapes |= {b + "ffn_gate_inp.weight": (e, d), b + "ffn_gate_exps.weight": (e, fe, d),
                        b + "ffn_up_exps.weight": (e, fe, d), b + "ffn_down_exps.weight": (e, d, fe)}
+            if cfg.moe_bias:
+                shapes |= {b + "ffn_gate_inp.bias": (e,), b + "ffn_gate_exps.bias": (e, fe),
+                           b + "ffn_up_exps.bias": (e, fe), b + "ffn_down_exps.bias": (e, d)}
         elif cfg.fused_up:
             shapes |= {b + "ffn_up.weight": (2 * cfg.d_ff, d), b + "ffn_down.weight": (d, cfg.d_ff)}
         else:

@@ -1,5 +1,7 @@
 """Reasoning models (`<think>...</think>`, as DeepSeek-R1 distills and Qwen3 write them): the thinking split from
 the answer, a budget that ends the thinking by inserting the closing tag, and structured output that starts after it.
+Other ways of writing the thinking are entries of FORMATS (read off the chat template): "harmony" (gpt-oss's
+analysis channel, edgellm/harmony.py) splits the same way but has no budget or phased constraint yet.
 
 A template that writes `<think>` marks a reasoning model. The rendered prompt tells how its output begins
 (`ReasoningMode.start`): "open" when the prompt ends inside `<think>` (R1 distills add it to the generation prompt),
@@ -14,10 +16,12 @@ the model's `</think>`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgellm import harmony
 from edgellm.errors import InvalidRequestError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -27,11 +31,12 @@ _WS = " \t\r\n"
 
 @dataclass(frozen=True)
 class ReasoningMode:
-    """How a reasoning turn's output begins ("open": inside the thinking, "maybe": the model may open it) and its
-    budget in thinking tokens (None: unlimited)."""
+    """How a reasoning turn's output begins ("open": inside the thinking, "maybe": the model may open it; harmony:
+    "header") and its budget in thinking tokens (None: unlimited); format: a key of FORMATS."""
 
     start: str
     budget: int | None = None
+    format: str = "think"
 
 
 def budget_tokens(effort) -> int | None:
@@ -51,9 +56,20 @@ def budget_tokens(effort) -> int | None:
 
 
 def reasoning_mode(template_source: str | None, prompt: str, effort=None) -> ReasoningMode | None:
-    """The reasoning mode of a turn (None: the model does not think here)."""
-    if OPEN not in (template_source or ""):
-        return None
+    """The reasoning mode of a turn (None: the model does not think here), by the first format of FORMATS whose
+    marks the template has."""
+    for fmt in FORMATS.values():
+        if fmt.detect(template_source or ""):
+            return fmt.mode(prompt, effort)
+    return None
+
+
+def make_splitter(mode: ReasoningMode):
+    """The output splitter of a reasoning turn: .feed(piece, final=) -> (reasoning delta, content delta)."""
+    return FORMATS[mode.format].splitter(mode.start)
+
+
+def _think_mode(prompt: str, effort) -> ReasoningMode | None:
     o, c = prompt.rfind(OPEN), prompt.rfind(CLOSE)
     if o > c:
         return ReasoningMode("open", budget_tokens(effort))
@@ -116,6 +132,26 @@ class ReasoningSplitter:
             text = text.lstrip(_WS)
             self.started = bool(text)
         return text.rstrip(_WS) if final else text
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """One way reasoning models write their thinking: detect(template source) says a template uses it, mode(prompt,
+    effort) gives the turn's ReasoningMode (or None), splitter(start) splits the output; phased: ReasoningGrammar
+    (budget, a constraint after the thinking) applies; special_tokens: the output text must keep special tokens."""
+
+    detect: Callable[[str], bool]
+    mode: Callable[[str, object], ReasoningMode | None]
+    splitter: Callable[[str], object]
+    phased: bool = True
+    special_tokens: bool = False
+
+
+FORMATS: dict[str, ReasoningFormat] = {  # checked in this order
+    "harmony": ReasoningFormat(harmony.is_harmony, lambda prompt, effort: ReasoningMode("header", format="harmony"),
+                               harmony.HarmonySplitter, phased=False, special_tokens=True),
+    "think": ReasoningFormat(lambda src: OPEN in src, _think_mode, ReasoningSplitter),
+}
 
 
 # -- the phased matcher ----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The one place that sets Numba options for the CPU kernels, and the thread count.
+"""The one place that sets Numba options for the CPU kernels, and the host facts they are built for (the thread
+count is kernels_cpu.parallel's).
 
 Every kernel is compiled with `cache=True` (compiled code is reused across processes) and `nogil=True` (a
 running kernel releases the GIL). `fastmath` is only used where a kernel's result must not depend on it:
@@ -53,28 +54,6 @@ def _cores_from_proc() -> int:
         elif key == "core id":
             cores.add((phys, val.strip()))
     return len(cores)
-
-
-_threads = 1
-
-
-def set_threads(n: int | None = None) -> int:
-    """Set the number of threads the kernels use (default: physical cores, capped by Numba's maximum).
-
-    Process-wide for the matmul kernels (their own thread split); also sets Numba's prange thread count
-    for the calling thread. Returns the number set."""
-    global _threads
-    if n is None:
-        n = physical_cores()
-    n = max(1, min(int(n), nb.config.NUMBA_NUM_THREADS))
-    nb.set_num_threads(n)
-    _threads = n
-    return n
-
-
-def get_threads() -> int:
-    """Threads the matmul kernels use."""
-    return _threads
 
 
 # Forced instruction sets (EDGELLM_ISA): the LLVM CPU and the feature names the kernels then see. Each tells

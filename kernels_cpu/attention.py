@@ -1,4 +1,4 @@
-"""Paged attention (prefill and decode in one kernel): GQA/MQA, causal, sliding window, soft-cap.
+"""Paged attention (prefill and decode in one kernel): GQA/MQA, causal, sliding window, soft-cap, attention sinks.
 
 K/V live in blocks: kcache[block, slot_in_block, kv_head, :]. Each query row knows its sequence (block
 table) and its position; it attends to positions [lo, pos] of its own sequence. Each (row, head) is
@@ -13,6 +13,8 @@ from kernels_cpu.attention_kernel import _paged_attention, _paged_attention_spli
 from kernels_cpu.attention_q8 import Q8Cache
 from kernels_cpu.parallel import parallel_for
 
+_NO_SINKS = np.zeros(0, np.float32)
+
 
 def _flat(cache):
     """A cache as the kernel takes it: a flat array, or q8_0's flat (qs, d)."""
@@ -21,7 +23,8 @@ def _flat(cache):
 
 def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
                     row_seq: np.ndarray, block_tables: np.ndarray, *, window: int = 0, scale: float,
-                    softcap: float = 0.0, single: np.ndarray | None = None) -> np.ndarray:
+                    softcap: float = 0.0, single: np.ndarray | None = None,
+                    sinks: np.ndarray | None = None) -> np.ndarray:
     """Attention of query rows over their sequences' cached K/V (the rows' own K/V must already be written).
 
     q: (T, H, hd) float32; kcache: (NB, BS, KVH, hd); vcache: (NB, BS, KVH, vd), each float32, f16 bits
@@ -35,6 +38,9 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     ggml_vec_dot_f32) than for one with several (a prefill chunk: tinyBLAS sgemm); rows of other sequences never
     matter. `single` (T,) bool chooses the order per row instead (the engine passes "a generated token fed back",
     so a prompt row sums the same way however the prompt was split into chunks or served from the prefix cache).
+
+    sinks: optional (H,) float32 per-head logits that join each softmax's max and denominator but carry no value
+    (gpt-oss; llama.cpp's ggml_soft_max_add_sinks); None leaves every result as it was, bit for bit.
     """
     T, H, hd = q.shape
     NB, BS, KVH, khd = kcache.shape
@@ -57,6 +63,9 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
         bad = touched & ((block_tables < 0) | (block_tables >= NB))
         if bad.any():
             raise ValueError(f"sequence {int(np.nonzero(bad.any(axis=1))[0][0])}: block id out of range")
+    sinks = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+    if sinks.shape not in ((0,), (H,)):
+        raise ValueError(f"sinks must have shape ({H},), got {sinks.shape}")
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
     if single is None:
         single = np.bincount(row_seq)[row_seq] == 1 if T else np.zeros(0, bool)
@@ -74,13 +83,14 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
                  lambda: np.empty(group * (max_ctx + 128), np.float32),
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  _flat(kcache), _flat(vcache), dims,
-                 positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap),
+                 positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap), sinks,
                  cost=np.repeat(ctx + 16, KVH), split=_paged_attention_split)
     return out
 
 
-def attention_reference(q, k, v, positions, *, window=0, scale, softcap=0.0):
-    """NumPy twin for one sequence with contiguous k/v: (P, KVH, hd) covering positions 0..P-1."""
+def attention_reference(q, k, v, positions, *, window=0, scale, softcap=0.0, sinks=None):
+    """NumPy twin for one sequence with contiguous k/v: (P, KVH, hd) covering positions 0..P-1; sinks (H,) or
+    None."""
     T, H, hd = q.shape
     group = H // k.shape[1]
     out = np.zeros((T, H, v.shape[2]), dtype=np.float64)
@@ -91,6 +101,8 @@ def attention_reference(q, k, v, positions, *, window=0, scale, softcap=0.0):
             s = (k[lo:pos + 1, h // group].astype(np.float64) @ q[t, h].astype(np.float64)) * scale
             if softcap:
                 s = softcap * np.tanh(s / softcap)
-            w = np.exp(s - s.max())
-            out[t, h] = (w / w.sum()) @ v[lo:pos + 1, h // group]
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            w = np.exp(s - m)
+            total = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[t, h] = (w / total) @ v[lo:pos + 1, h // group]
     return out.astype(np.float32)

@@ -378,10 +378,11 @@ def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, nl, ac
 
 @jit  # no fastmath: every float operation below is one of llama.cpp's, in its order
 def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                     job_lo, job_hi, s):
+                     sinks, job_lo, job_hi, s):
     # flat C-order views: out (T*H*vd,) of (T, H, vd); q (T*H*hd,) of (T, H, hd); kc, vc of the caches
     # (NB, BS, KVH, hd) / (NB, BS, KVH, vd) in any form (module doc; q8_0: flat (qs, d) pairs); dims = (H, KVH,
-    # hd, vd, BS). positions, row_seq, single: (T,); block_tables: (S, MB); s: (group * S,) float32 scratch of
+    # hd, vd, BS). positions, row_seq, single: (T,); block_tables: (S, MB); sinks: (H,) float32 per-head sink
+    # logits or (0,) for none; s: (group * S,) float32 scratch of
     # this worker, S >= max_ctx + 128. Jobs [job_lo, job_hi) of the T * KVH (row, KV head) pairs; each does the
     # `group` query heads of its KV head (K and V rows are read once for all of them). KV cells go in chunks of
     # 16 (llama.cpp's softmax and sgemm lanes): s[g * S + j] holds head g's value for cell base + j, base a
@@ -425,9 +426,12 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
                     if x > m[g]:
                         m[g] = x
         # softmax (ggml_compute_forward_soft_max_f32): e = ggml_v_expf(x - max), 0 for masked cells; per chunk a
-        # reduce_add, summed in double; then every e times (float)(1.0 / sum)
+        # reduce_add, summed in double; then every e times (float)(1.0 / sum). A sink (gpt-oss) joins the max and
+        # adds expf(sink - max) (libm) to the sum: a logit with no value
         for g in range(group):
             w = s[g * S:(g + 1) * S]
+            if len(sinks):
+                m[g] = max(m[g], sinks[kh * group + g])
             total = 0.0
             for c in range(n16):
                 for j in range(16):
@@ -438,6 +442,8 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
                     w[16 * c + j] = e
                     lanes[j] = e
                 total += np.float64(_tree16(lanes, 0))
+            if len(sinks):
+                total += np.float64(np.float32(math.exp(sinks[kh * group + g] - m[g])))
             inv = np.float32(1.0 / total)
             for j in range(16 * n16):
                 w[j] = w[j] * inv
@@ -460,8 +466,8 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
 
 @parallel_jit
 def _paged_attention_split(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                           bounds, scratch):
+                           sinks, bounds, scratch):
     # _paged_attention over the job chunks [bounds[c], bounds[c+1]) in parallel; scratch (chunks, S)
     for c in numba.prange(len(bounds) - 1):
         _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                         bounds[c], bounds[c + 1], scratch[c])
+                         sinks, bounds[c], bounds[c + 1], scratch[c])

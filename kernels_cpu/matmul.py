@@ -11,16 +11,14 @@ activations. One code path serves every M, so a row's output does not depend on 
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from quant.types import FORMATS, QuantType, row_bytes
 
-from ._jit import get_threads, host_features
-from .handoff import handoff_seconds, run_split
+from ._jit import host_features
+from .handoff import handoff_seconds
 from .matmul_driver import driver, quantize_act, quantize_act_split, split_driver
 from . import parallel
 from .repack import LAYOUTS, QUAD_K, repack
@@ -37,7 +35,7 @@ MACS_PER_SECOND = 40e9
 
 def split_min_macs() -> int:
     """Multiply-adds from which a matmul is split over the threads on this host."""
-    if parallel.FAST_PRANGE:
+    if parallel.fast_prange():
         return PARALLEL_MIN_MACS
     return max(HANDOFF_MIN_MACS, int(2 * handoff_seconds() * MACS_PER_SECOND))
 
@@ -256,41 +254,13 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
     xq, dx, bs = act
     m, n = out.shape
     groups = pw.qs.shape[0]
-    threads = min(get_threads(), groups)
+    threads = min(parallel.get_threads(), groups)
     if threads == 1 or m * n * pw.shape[1] < split_min_macs():
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, groups)
     elif (bounds := parallel.prange_bounds(groups, threads)) is not None:
         pw._split(out, xq, dx, bs, pw.qs, pw.sc, bounds)
     else:
-        _run_threads(pw._run, threads, out, xq, dx, bs, pw)
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
-def _after_fork_in_child() -> None:
-    global _POOL, _POOL_SIZE
-    _POOL, _POOL_SIZE = None, 0  # the parent's worker threads do not exist in a forked child
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _run_threads(run, threads: int, out, xq, dx, bs, pw: PreparedWeight) -> None:
-    """Split the row groups into `threads` contiguous chunks; the kernels release the GIL."""
-    global _POOL, _POOL_SIZE
-    if _POOL is None or _POOL_SIZE < threads - 1:
-        _POOL_SIZE = threads - 1
-        _POOL = ThreadPoolExecutor(max_workers=_POOL_SIZE, thread_name_prefix="edgellm-matmul")
-    groups = pw.qs.shape[0]
-    bounds = [groups * c // threads for c in range(threads + 1)]
-    if run_split(run, bounds, out, xq, dx, bs, pw.qs, pw.sc):
-        return
-    futs = [_POOL.submit(run, out, xq, dx, bs, pw.qs, pw.sc, bounds[c], bounds[c + 1]) for c in range(1, threads)]
-    run(out, xq, dx, bs, pw.qs, pw.sc, bounds[0], bounds[1])
-    for f in futs:
-        f.result()
+        parallel.run_chunks(pw._run, parallel.chunk_bounds(groups, threads), out, xq, dx, bs, pw.qs, pw.sc)
 
 
 def warm(pw: PreparedWeight) -> None:
@@ -301,7 +271,7 @@ def warm(pw: PreparedWeight) -> None:
         xq, dx, bs = _prepare_x(np.zeros((m, k), np.float32), pw)
         out = np.empty((m, pw.shape[0]), np.float32)
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
-        if parallel.FAST_PRANGE:
+        if parallel.fast_prange():
             pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
 
 

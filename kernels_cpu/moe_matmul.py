@@ -19,7 +19,7 @@ import numpy as np
 from quant.types import QuantType
 
 from . import parallel
-from ._jit import get_threads, jit
+from ._jit import jit
 from .matmul import PreparedWeight, prepare_activations, split_min_macs
 from .matmul_driver import SOURCE_TAG, driver
 
@@ -154,7 +154,7 @@ def expert_matmul(act: tuple, stack: ExpertStack, eid: np.ndarray, starts: np.nd
     run, split = _kernels(int(stack.qtype))
     G = stack.qs.shape[1]
     units = len(eid) * G
-    threads = min(get_threads(), units)
+    threads = min(parallel.get_threads(), units)
     if threads == 1 or R * stack.shape[0] * stack.shape[1] < split_min_macs():
         run(y, xq, dx, bs, stack.qs, stack.sc, eid, starts, 0, units, None)
         return y

@@ -1,6 +1,6 @@
-"""Element-wise ops: rmsnorm, rope, activations, and ggml's vectorised expf. Arithmetic follows ggml's CPU ops
-operation for operation (sums in double, rope angles by repeated float32 multiplication, glibc's cosf/sinf/powf,
-the fused multiply-adds GCC contracts), so results are bit-identical to llama.cpp's."""
+"""Element-wise ops: rmsnorm, rope (YaRN included), activations, and ggml's vectorised expf. Arithmetic follows
+ggml's CPU ops operation for operation (sums in double, rope angles by repeated float32 multiplication, glibc's
+cosf/sinf/powf, the fused multiply-adds GCC contracts), so results are bit-identical to llama.cpp's."""
 from __future__ import annotations
 
 import math
@@ -123,34 +123,60 @@ def expf(x: np.ndarray) -> np.ndarray:
 
 
 @jit
-def _rope_tables(cos, sin, positions, base, scale, factors, mscale):
+def _rope_tables(cos, sin, positions, base, scale, factors, mscale, ext_factor, corr_lo, corr_hi):
     # cos, sin: (T, n_dims/2)  positions: (T,)  factors: (n_dims/2,). ggml_rope_cache_init: theta_scale =
     # powf(base, -2.0f/n_dims); theta starts at (float)p and is multiplied by theta_scale once per pair;
     # cosf/sinf of freq_scale*theta/factor, times mscale (llvm.cos/sin.f32 call glibc's cosf/sinf, as llama.cpp's
-    # build does)
+    # build does). YaRN (ext_factor != 0, rope_yarn): pair i mixes the interpolated and extrapolated angles by
+    # its ramp between the correction dims, and mscale grows by 1 + 0.1 ln(1/freq_scale) (GCC's fmas kept)
     half = cos.shape[1]
     theta_scale = np.float32(math.pow(base, np.float32(-2.0) / np.float32(2 * half)))
+    if ext_factor != 0:
+        mscale = mscale * fma32(np.float32(0.1), np.float32(math.log(np.float32(1.0) / scale)), np.float32(1.0))
+    span = max(np.float32(0.001), corr_hi - corr_lo)
     for t in range(len(positions)):
         theta = np.float32(positions[t])
         for i in range(half):
-            ang = scale * (theta / factors[i])
+            extrap = theta / factors[i]
+            ang = scale * extrap
+            if ext_factor != 0:  # rope_yarn_ramp(low, high, i0) with i0 / 2 = i
+                y = (np.float32(i) - corr_lo) / span
+                ramp = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * ext_factor
+                ang = fma32(ang, np.float32(1.0) - ramp, extrap * ramp)
             cos[t, i] = math.cos(ang) * mscale
             sin[t, i] = math.sin(ang) * mscale
             theta = theta * theta_scale
 
 
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple:
+    """ggml_rope_yarn_corr_dims: the pair range (low, high) over which YaRN blends from extrapolated to
+    interpolated angles, as float32 values (floor / ceil of n_dims ln(n_ctx_orig / (2 pi beta)) / (2 ln base))."""
+    f = np.float32
+
+    def dim(beta):
+        return f(f(n_dims) * f(math.log(f(f(n_ctx_orig) / f(f(beta) * f(2) * f(math.pi)))))) / \
+            f(f(2) * f(math.log(f(base))))
+    return f(max(0.0, math.floor(dim(beta_fast)))), f(min(n_dims - 1.0, math.ceil(dim(beta_slow))))
+
+
 def rope_tables(positions: np.ndarray, n_dims: int, base: float, scale: float = 1.0, *, factors=None,
-                mscale: float = 1.0):
+                mscale: float = 1.0, yarn: tuple | None = None):
     """cos/sin tables (T, n_dims/2) as ggml_rope_cache_init computes them (float32 angle recurrence); factors
-    (n_dims/2,) divide each pair's angle (LongRoPE frequency factors), mscale scales cos and sin."""
+    (n_dims/2,) divide each pair's angle (LongRoPE frequency factors), mscale scales cos and sin. yarn: (ext_factor,
+    n_ctx_orig, beta_fast, beta_slow) for YaRN scaling (scale = 1 / factor), None for none."""
     half = n_dims // 2
     cos = np.empty((len(positions), half), dtype=np.float32)
     sin = np.empty_like(cos)
     ff = np.ones(half, np.float32) if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
     if ff.shape != (half,):
         raise ValueError(f"rope factors have shape {ff.shape}, expected ({half},)")
+    ext, lo, hi = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+    if yarn is not None:
+        ext_factor, n_ctx_orig, beta_fast, beta_slow = yarn
+        ext = np.float32(ext_factor)
+        lo, hi = yarn_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow)
     _rope_tables(cos, sin, np.ascontiguousarray(positions, dtype=np.int64), np.float32(base), np.float32(scale),
-                 ff, np.float32(mscale))
+                 ff, np.float32(mscale), ext, lo, hi)
     return cos, sin
 
 
@@ -294,6 +320,22 @@ def _swiglu(out, gate, up):
             out[t, f] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, f]
 
 
+@nb.njit(cache=True, nogil=True)
+def _swiglu_oai(out, gate, up, alpha, limit):
+    # ggml_compute_forward_swiglu_oai_f32: x = min(gate, limit), y = clamp(up, -limit, limit),
+    # x / (1 + expf(alpha * -x)) * (y + 1)
+    T, F = gate.shape
+    for t in range(T):
+        for f in range(F):
+            x = gate[t, f]
+            if limit < x:
+                x = limit
+            y = up[t, f]
+            y = -limit if y < -limit else (limit if limit < y else y)
+            glu = x / (np.float32(1.0) + np.float32(math.exp(alpha * (-x))))
+            out[t, f] = glu * (y + np.float32(1.0))
+
+
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """GELU(gate) * up for (T, F) float32 arrays."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)
@@ -324,13 +366,31 @@ def _swiglu_split(out, gate, up, bounds):
         _swiglu(out[lo:hi], gate[lo:hi], up[lo:hi])
 
 
-_ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_split}
+@parallel_jit
+def _swiglu_oai_split(out, gate, up, alpha, limit, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _swiglu_oai(out[lo:hi], gate[lo:hi], up[lo:hi], alpha, limit)
+
+
+_ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_split,
+               _swiglu_oai: _swiglu_oai_split}
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """SiLU(gate) * up for (T, F) float32 arrays."""
     out = np.empty_like(gate)
     _by_rows(_swiglu, out, (gate, up), ())
+    return out
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, *, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU for (T, F) float32 arrays: g = min(gate, limit), u = clamp(up, -limit, limit),
+    g * sigmoid(alpha * g) * (u + 1) (llama.cpp's ggml_swiglu_oai with its alpha 1.702 and limit 7)."""
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    out = np.empty_like(gate)
+    _by_rows(_swiglu_oai, out, (gate, np.ascontiguousarray(up, dtype=np.float32)), (np.float32(alpha),
+                                                                                      np.float32(limit)))
     return out
 
 

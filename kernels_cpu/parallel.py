@@ -1,8 +1,11 @@
-"""parallel_for: split a range of independent jobs over worker threads running nogil Numba kernels.
+"""The one owner of the kernels' threads: how many (set_threads, chosen once and explicitly by LLM(threads=...)
+or the first kernel call: physical cores), how a range of jobs is split over them (chunk_bounds,
+prange_bounds) and how a split runs (run_chunks, parallel_for).
 
-Numba's own `parallel=True` runtime launches its thread pool per call (~tens of µs to ms under load) and
-fights the matmul threads; the spinning helpers of kernels_cpu.handoff with contiguous chunks avoid both
-(a ThreadPoolExecutor is the fallback while another thread holds the helpers).
+A split runs as a prange twin on Numba's team when its threading layer keeps a persistent pool (OpenMP or TBB:
+a ~2 µs hand-off, FAST_PRANGE), else through the spinning helpers of kernels_cpu.handoff (Numba's workqueue
+layer starts threads per call: tens of µs to ms under load), else, while another thread holds the helpers,
+on a ThreadPoolExecutor. The layer is chosen when the thread count is first set, before Numba starts a team.
 """
 from __future__ import annotations
 
@@ -14,10 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from kernels_cpu._jit import get_threads
+from kernels_cpu._jit import physical_cores
 from kernels_cpu.handoff import run_split
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: ThreadPoolExecutor | None = None  # the fallback executor (threads - 1 workers)
+_COUNT: int | None = None  # kernel threads; None until set_threads (explicit, or by the first get_threads)
+FAST_PRANGE = False  # prange twins split the work (decided with the first set_threads)
+_TEAM = threading.local()  # .size: the Numba team size last set from this launching thread
 
 
 def _fast_prange() -> bool:
@@ -47,7 +53,38 @@ def _fast_prange() -> bool:
     return False
 
 
-FAST_PRANGE = _fast_prange()
+def _layer_in_use() -> str | None:
+    """Numba's threading layer if a team has started already (it can no longer be chosen), else None."""
+    try:
+        return str(numba.threading_layer())
+    except ValueError:
+        return None
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set the number of threads the kernels use (default: physical cores, capped by Numba's maximum); the
+    first call also chooses how splits run (FAST_PRANGE). Sets Numba's team size for the calling thread (other
+    launching threads get it in prange_bounds). Returns the number set."""
+    global _COUNT, FAST_PRANGE
+    n = max(1, min(int(physical_cores() if n is None else n), numba.config.NUMBA_NUM_THREADS))
+    if _COUNT is None:
+        layer = _layer_in_use()
+        FAST_PRANGE = _fast_prange() if layer is None else layer in ("omp", "tbb")
+    numba.set_num_threads(n)
+    _TEAM.size = n
+    _COUNT = n
+    return n
+
+
+def get_threads() -> int:
+    """Threads the kernels use (set_threads' default the first time, if nothing set them)."""
+    return set_threads() if _COUNT is None else _COUNT
+
+
+def fast_prange() -> bool:
+    """Whether splits run as prange twins (see the module docstring)."""
+    get_threads()
+    return FAST_PRANGE
 
 
 def _after_fork_in_child() -> None:
@@ -73,7 +110,6 @@ def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> l
     return [0, *np.maximum(cuts, 0).tolist(), n_jobs]
 
 
-_TEAM = threading.local()  # .size: the Numba team size last set from this launching thread
 _EVEN: dict[tuple[int, int], np.ndarray] = {}  # (n_jobs, threads) -> equal-count prange bounds
 
 
@@ -106,7 +142,6 @@ def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *arg
     get None). cost: optional (n_jobs,) work per job (e.g. causal attention rows), to split by work instead
     of job count. split: optional prange twin split(*args, bounds[, scratches]) running
     kernel(*args, bounds[c], bounds[c+1], scratches[c]) for each chunk c, used when FAST_PRANGE."""
-    global _POOL
     threads = max(1, min(get_threads(), n_jobs // max(1, min_jobs_per_thread)))
     scratch = scratch_fn or (lambda: None)
     if threads == 1:
@@ -116,12 +151,19 @@ def parallel_for(kernel, n_jobs: int, min_jobs_per_thread: int, scratch_fn, *arg
     if bounds is not None:
         split(*args, bounds, *(() if scratch_fn is None else (np.stack([scratch() for _ in range(threads)]),)))
         return
-    if _POOL is None or _POOL._max_workers < threads - 1:
-        _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="edgellm-par")
-    bounds = chunk_bounds(n_jobs, threads, cost)
-    if run_split(lambda lo, hi: kernel(*args, lo, hi, scratch()), bounds):
+    run_chunks(lambda lo, hi: kernel(*args, lo, hi, scratch()), chunk_bounds(n_jobs, threads, cost))
+
+
+def run_chunks(fn, bounds: list[int], *args) -> None:
+    """fn(*args, bounds[c], bounds[c+1]) for each chunk c, chunk 0 on the calling thread: on the hand-off
+    helpers, or on the fallback executor while another thread holds them."""
+    global _POOL
+    if run_split(fn, bounds, *args):
         return
-    futs = [_POOL.submit(kernel, *args, bounds[c], bounds[c + 1], scratch()) for c in range(1, threads)]
-    kernel(*args, bounds[0], bounds[1], scratch())
+    workers = len(bounds) - 2
+    if _POOL is None or _POOL._max_workers < workers:
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgellm-par")
+    futs = [_POOL.submit(fn, *args, bounds[c], bounds[c + 1]) for c in range(1, workers + 1)]
+    fn(*args, bounds[0], bounds[1])
     for f in futs:
         f.result()

@@ -94,23 +94,39 @@ def tanhf(x) -> np.ndarray:
     return np.array([libm.tanhf(float(v)) for v in x.reshape(-1)], f32).reshape(x.shape)
 
 
-def softmax_rows(s: np.ndarray) -> np.ndarray:
+def libm_expf(x) -> np.ndarray:
+    """The C library's expf (the scalar tails of ggml's softmax call it), element-wise."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    x = np.asarray(x, f32)
+    return np.array([libm.expf(float(v)) for v in x.reshape(-1)], f32).reshape(x.shape)
+
+
+def softmax_rows(s: np.ndarray, sinks=None) -> np.ndarray:
     """ggml_compute_forward_soft_max_f32 on rows of KV cells (masked cells -inf, row length % 16 == 0):
-    e = expf(s - max); per 16 cells a reduce_add, summed in double; e * (float)(1 / sum)."""
+    e = expf(s - max); per 16 cells a reduce_add, summed in double; e * (float)(1 / sum). sinks (one per row,
+    ggml_soft_max_add_sinks): max = MAX(max, sink), and the sum gains libm expf(sink - max)."""
     s = np.asarray(s, f32)
-    e = expf(s - s.max(-1, keepdims=True))
+    m = s.max(-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, np.asarray(sinks, f32).reshape(m.shape))
+    e = expf(s - m)
     part = tree16(e.reshape(e.shape[:-1] + (-1, 16)))
     total = np.zeros(s.shape[:-1], f64)
     for c in range(part.shape[-1]):
         total = total + part[..., c]
+    if sinks is not None:
+        total = total + libm_expf(np.asarray(sinks, f32).reshape(total.shape) - m[..., 0]).astype(f64)
     return e * (1.0 / total).astype(f32)[..., None]
 
 
-def attention(q, k, v, positions, *, single: bool, window: int = 0, scale: float, softcap: float = 0.0):
+def attention(q, k, v, positions, *, single: bool, window: int = 0, scale: float, softcap: float = 0.0,
+              sinks=None):
     """llama.cpp's attention (F32 K/V cache, no flash attention) for query rows of one sequence whose K/V are
     (P, KVH, hd) / (P, KVH, vd) at positions 0..P-1: KQ by vec_dot_f32, scale, optional soft-cap, softmax over
     KV cells (the cache view padded to a multiple of 16 cells; soft-cap as ggml_scale, ggml_tanh, ggml_scale), P @ V by sgemm_dot (a batch of >= 2 tokens) or
-    vec_dot_f32 (single=True: a one-token batch). Returns (T, H, vd) float32."""
+    vec_dot_f32 (single=True: a one-token batch). sinks: (H,) per-head sink logits or None. Returns (T, H, vd)
+    float32."""
     T, H, hd = q.shape
     P, KVH, vd = v.shape
     n_kv = -(-P // 64) * 64  # any multiple of 64 >= P gives the same result
@@ -126,7 +142,7 @@ def attention(q, k, v, positions, *, single: bool, window: int = 0, scale: float
             x = vec_dot_f32(q[t, h][None, :], kk) * f32(scale)
             if softcap:
                 x = tanhf(x * (f32(1) / f32(softcap))) * f32(softcap)
-            p = softmax_rows(np.where(visible, x, -np.inf).astype(f32))
+            p = softmax_rows(np.where(visible, x, -np.inf).astype(f32), None if sinks is None else sinks[h:h + 1])
             vv = np.zeros((n_kv, vd), f32)
             vv[:P] = v[:, h // group]
             out[t, h] = (vec_dot_f32 if single else sgemm_dot)(p[None, :], vv.T)

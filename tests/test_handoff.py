@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -227,3 +228,21 @@ def test_prange_bounds_sizes_the_calling_threads_team(monkeypatch):
     assert seen == [numba.config.NUMBA_NUM_THREADS, [0, 10], 1]
     monkeypatch.setattr(parallel, "FAST_PRANGE", False)
     assert parallel.prange_bounds(10, 2) is None
+
+
+def test_importing_the_kernels_chooses_no_threads():
+    """The thread count is chosen explicitly (LLM(threads=...), set_threads) or by the first kernel call,
+    not at import: importing starts no Numba team, and the first set_threads decides how splits run."""
+    import subprocess
+    import sys
+
+    code = ("import numba, kernels_cpu, edgellm\n"
+            "try:\n    numba.threading_layer(); print('started')\nexcept ValueError:\n    print('none')\n"
+            "from kernels_cpu import parallel, set_threads\n"
+            "assert set_threads(1) == 1 and parallel.get_threads() == 1\n"
+            "print(numba.threading_layer() if parallel.fast_prange() else 'hand-off')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == "none" and lines[1] in ("omp", "tbb", "hand-off"), out.stdout

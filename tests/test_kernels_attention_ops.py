@@ -87,6 +87,45 @@ def assert_ggml_order(q, kc, vc, bt, k, v, **kw):
     return got
 
 
+@pytest.mark.parametrize("form", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("P,window", [(1, 0), (17, 5), (70, 0)])
+def test_attention_sinks_are_ggml_order(form, P, window):
+    """gpt-oss's attention sinks (a per-head logit in each softmax's max and denominator, no value): bit for bit
+    llama.cpp's float operations for every K/V cache form, and the float64 twin within rounding; no sinks and
+    sinks=None give the same bits."""
+    from edgellm.engine.kv_cache import to_f16_bits
+    from kernels_cpu.attention_q8 import Q8Cache, dequantize_q8_0, quantize_q8_0
+
+    H, KVH, hd = 4, 2, 64
+    rng = np.random.default_rng(P + len(form))
+    k = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
+    q = (rng.normal(size=(P, H, hd)) * 3).astype(np.float32)
+    sinks = np.array([2.0, -1.0, 0.5, 30.0], np.float32)  # head 3: the sink dominates (its max replaces the row's)
+    if form == "f16":
+        k, v = (x.astype(np.float16).astype(np.float32) for x in (k, v))
+        kc, vc, bt = _paged(to_f16_bits(k), to_f16_bits(v), 16, rng)
+    elif form == "q8_0":
+        kq, vq = quantize_q8_0(k), quantize_q8_0(v)
+        k, v = dequantize_q8_0(kq), dequantize_q8_0(vq)
+        (kqs, vqs, bt), (kd, vd, _) = _paged(kq.qs, vq.qs, 16, np.random.default_rng(0)), \
+            _paged(kq.d, vq.d, 16, np.random.default_rng(0))
+        kc, vc = Q8Cache(kqs, kd), Q8Cache(vqs, vd)
+    else:
+        kc, vc, bt = _paged(k, v, 16, rng)
+    kw = dict(window=window, scale=hd ** -0.5)
+    got = assert_ggml_order(q, kc, vc, bt, k, v, sinks=sinks, **kw)
+    np.testing.assert_allclose(got, attention_reference(q[-1:], k, v, [P - 1], sinks=sinks, **kw), rtol=2e-5,
+                               atol=2e-5)
+    row = np.arange(P - 1, P)
+    plain = paged_attention(q[row], kc, vc, row, np.zeros(1, np.int64), bt, **kw)
+    assert not np.array_equal(got, plain)
+    np.testing.assert_array_equal(plain, paged_attention(q[row], kc, vc, row, np.zeros(1, np.int64), bt,
+                                                         sinks=None, **kw))
+    with pytest.raises(ValueError, match="sinks"):
+        paged_attention(q[row], kc, vc, row, np.zeros(1, np.int64), bt, sinks=sinks[:2], **kw)
+
+
 def test_attention_is_llama_cpps():
     """Gemma 3 layer 0 in llama.cpp (tests/golden/attention_ops.npz): prefill rows and a decode step, bit for bit."""
     g = np.load(Path(__file__).parent / "golden" / "attention_ops.npz")

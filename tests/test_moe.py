@@ -82,8 +82,9 @@ def test_group_by_expert_matches_a_stable_sort():
         w = rng.random((T, k)).astype(np.float32)
         order = np.argsort(sel.ravel(), kind="stable")
         eid, first = np.unique(sel.ravel()[order], return_index=True)
-        tok, eid2, starts, wr = group_by_expert(sel, w, E)
+        tok, eid2, starts, wr, pos = group_by_expert(sel, w, E)
         np.testing.assert_array_equal(tok, order // k)
+        np.testing.assert_array_equal(order[pos.ravel()], np.arange(T * k))  # each pick's row
         np.testing.assert_array_equal(eid2, eid)
         np.testing.assert_array_equal(starts, np.append(first, T * k))
         np.testing.assert_array_equal(wr, w.ravel()[order])
@@ -118,7 +119,11 @@ def test_fused_expert_calls_equal_one_matmul_per_expert(llm):
     np.testing.assert_array_equal(ffn(h), want)
 
 
-def test_rows_do_not_depend_on_their_batch(llm):
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_rows_do_not_depend_on_their_batch(arch, tiny_model):
+    from edgellm import LLM
+
+    llm = LLM(tiny_model(arch), ctx_size=64, progress=False)
     ffn = llm.model.layers[1].moe
     h = np.random.default_rng(2).standard_normal((9, llm.config.d_model)).astype(np.float32)
     together = ffn(h)

@@ -27,9 +27,9 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"typ
 USER = [{"role": "user", "content": "Give me JSON."}]
 
 
-def split_whole_and_streamed(text: str, start: str) -> tuple[str, str]:
-    whole = ReasoningSplitter(start).feed(text, final=True)
-    s, r, c = ReasoningSplitter(start), "", ""
+def split_whole_and_streamed(text: str, start, make=ReasoningSplitter) -> tuple[str, str]:
+    whole = make(start).feed(text, final=True)
+    s, r, c = make(start), "", ""
     for ch in text:
         a, b = s.feed(ch)
         r, c = r + a, c + b
@@ -66,6 +66,56 @@ def test_modes_of_real_templates():
     assert budget_tokens("low") == 256 and budget_tokens(12) == 12 and budget_tokens("high") is None
     with pytest.raises(Exception):
         budget_tokens("extreme")
+
+
+HARMONY = ("<|channel|>analysis<|message|>User wants 1+1 <2.<|end|>"
+           "<|start|>assistant<|channel|>final<|message|>2<|return|>")
+
+
+@pytest.mark.parametrize("text,want", [
+    (HARMONY, ("User wants 1+1 <2.", "2")),
+    ("<|channel|>final<|message|>Only an answer.<|end|>", ("", "Only an answer.")),
+    ("<|channel|>analysis<|message|>cut off by max_tokens", ("cut off by max_tokens", "")),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>b<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>c", ("a", "bc")),
+    ("Plain text, no header.", ("", "Plain text, no header.")),
+    ("<|channel|>analys", ("", "")),
+])
+def test_harmony_channels_split_whole_equals_streamed(text, want):
+    """gpt-oss's analysis channel is the reasoning, the other channels the answer; streamed character by character
+    the same (partial tags held back)."""
+    from edgellm.reasoning import ReasoningMode, make_splitter
+
+    assert split_whole_and_streamed(text, ReasoningMode("header", format="harmony"), make_splitter) == want
+
+
+def test_harmony_template_mode_and_effort():
+    """The official gpt-oss template (tests/chat_templates/openai-gpt-oss-120b.jinja): a harmony turn whose
+    generation prompt opens the assistant's header; reasoning_effort reaches its system message; the turn keeps
+    special tokens in its text."""
+    from types import SimpleNamespace
+
+    from edgellm.chat_template import ChatTemplate
+    from edgellm.chat_turn import ChatTurn
+    from edgellm.errors import InvalidRequestError
+    from edgellm.sampling import SamplingParams
+
+    src = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    tpl = ChatTemplate(src)
+    fake = SimpleNamespace(chat_template=tpl, tokenizer=None,
+                           render_chat=lambda m, **kw: tpl.render(m, **kw))
+    turn = ChatTurn(fake, USER, reasoning_effort="high")
+    assert turn.prompt.endswith("<|start|>assistant") and "Reasoning: high" in turn.prompt
+    assert turn.reasoning.format == "harmony" and turn.reasoning.start == "header"
+    p = turn.sampling(SamplingParams(max_tokens=5))
+    assert p.skip_special_tokens is False and p.compiled_grammar is None
+    with pytest.raises(InvalidRequestError, match="harmony"):  # a constraint would bind the analysis channel
+        turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA))
+    r = turn.result(HARMONY, "stop")
+    assert (r.reasoning_content, r.content) == ("User wants 1+1 <2.", "2")
+    assert "Reasoning: medium" in ChatTurn(fake, USER).prompt  # the template's default
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    assert reasoning_mode(qwen3, ChatTemplate(qwen3).render(USER, add_generation_prompt=True)).format == "think"
 
 
 # -- a tiny model thinking a scripted thought --------------------------------------------------------------------

@@ -16,6 +16,11 @@ Per-architecture choices mirror the real model families:
           50 / 30 written, key_length 128, tied embeddings
   qwen3moe qwen3 attention, a mixture of 8 experts (FFN width 128) with top-2 routing, renormalised weights
   smollm3 llama with tied embeddings and 4 layers: every 4th layer (layer 3) has no rotary embedding (NoPE)
+  gpt-oss llama.cpp's OPENAI_MOE: q/k/v/o biases, per-head attention sinks (attn_sinks.weight), layer 0 sliding
+          (window 8) and layer 1 global (llama.cpp's pattern 2), YaRN rope (factor 32, original context 4096, base
+          150000, as the real model), post_attention_norm as the pre-FFN norm, 8 experts (FFN width 128) top-4
+          routed by raw logit with router and expert biases, swiglu_oai; expert_qtype stores the 3-D expert tensors
+          apart from the rest (MXFP4 as the real files do)
   phi3    fused attn_qkv and ffn_up ([gate; up]), partial rotary (48 of 64 dims), LongRoPE short/long factors
           (rope_factors_short/long.weight, original context 128 < the 256 trained: llama.cpp pads every
           context to a multiple of 256, so the tiny tests run on the long ones), rope.scaling.attn_factor 1.19, untied output
@@ -45,9 +50,14 @@ _DEFAULTS: dict[str, dict] = {
     "qwen3moe": {"n_layer": 2, "head_dim": 128, "rope_freq_base": 1000000.0, "rms_eps": 1e-6,
                  "tie_embeddings": True, "n_expert": 8, "n_expert_used": 2, "expert_ff": 128},
     "smollm3": {"n_layer": 4, "head_dim": 64, "rope_freq_base": 5000000.0, "rms_eps": 1e-6, "tie_embeddings": True},
+    "gpt-oss": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 150000.0, "rms_eps": 1e-5, "tie_embeddings": False,
+                "sliding_window": 8, "n_expert": 8, "n_expert_used": 4, "expert_ff": 128},
     "phi3": {"n_layer": 2, "head_dim": 64, "rope_freq_base": 10000.0, "rms_eps": 1e-5, "tie_embeddings": False},
 }
 PHI3_ROT, PHI3_ORIG_CTX, PHI3_ATTN_FACTOR = 48, 128, 1.19
+GPTOSS_YARN_FACTOR, GPTOSS_YARN_ORIG_CTX = 32.0, 4096
+SINK_STD = 1.0  # attention sinks ~ N(0, 1): comparable to the scaled attention scores, so they matter
+MOE = ("qwen3moe", "gpt-oss")
 ROUTER_STD = 0.5  # router logits ~ N(0, 0.5 * sqrt(d)): clear top-2 choices, a different pair per token
 GEMMA = ("gemma2", "gemma3")
 ARCHS = tuple(_DEFAULTS)  # the archs a tiny model can be written for (tests/test_architectures.py: all we convert)
@@ -86,6 +96,7 @@ class TinyModelSpec:
     n_expert: int = 0  # qwen3moe: experts per layer, experts per token, one expert's FFN width
     n_expert_used: int = 0
     expert_ff: int = 0
+    expert_qtype: str = ""  # storage type of the 3-D expert tensors ("": qtype)
 
 
 def tiny_spec(arch: str, *, seed: int = 0, qtype: str = "F32", n_vocab: int = 512, d_model: int = 256,
@@ -99,6 +110,7 @@ def tiny_spec(arch: str, *, seed: int = 0, qtype: str = "F32", n_vocab: int = 51
     params.setdefault("embed_std", EMBED_STD)
     for k in ("n_expert", "n_expert_used", "expert_ff"):
         params.setdefault(k, 0)
+    params.setdefault("expert_qtype", "")
     params.setdefault("llama3_rope", False)
     unknown = set(overrides) - set(params)
     if unknown:
@@ -123,7 +135,7 @@ def write_tiny_model(path: str | Path, arch: str, *, seed: int = 0, qtype: str =
     qtype: storage type of the 2-D weight matrices ("F32", "F16", "BF16", "Q8_0", "Q4_0", ... anything
     gguf.quants.quantize implements); 1-D tensors (norms, biases) stay F32.
     overrides: n_layer, head_dim, rope_freq_base, rms_eps, tie_embeddings, sliding_window (gemma3), embed_std,
-    n_expert / n_expert_used / expert_ff (qwen3moe), llama3_rope (llama).
+    n_expert / n_expert_used / expert_ff / expert_qtype (qwen3moe, gpt-oss), llama3_rope (llama).
     """
     spec = tiny_spec(arch, seed=seed, qtype=qtype, n_vocab=n_vocab, d_model=d_model, d_ff=d_ff, n_head=n_head,
                      n_kv_head=n_kv_head, context_length=context_length, **overrides)
@@ -151,7 +163,8 @@ def write_spec(path: str | Path, spec: TinyModelSpec, *, split_max_tensors: int 
     for key, value in (strings or {}).items():
         w.add_string(key, value)
     for name, arr in _tensors(spec):
-        _add_tensor(w, name, arr, spec.qtype)
+        expert = arr.ndim == 3 and name.endswith(".weight")
+        _add_tensor(w, name, arr, (spec.expert_qtype or spec.qtype) if expert else spec.qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -169,7 +182,7 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
     # llama.cpp's vocab loader treats a model named *phi3* / *phi-3* as Phi-3's own vocabulary (it looks up
     # <|endoftext|>, which the tiny vocab lacks): the tiny phi3 is named by its family's other name
     w.add_name(f"tiny-{'phi' if s.arch == 'phi3' else s.arch}-seed{s.seed}")
-    w.add_file_type(_file_type(s.qtype))
+    w.add_file_type(_file_type(s.expert_qtype or s.qtype))
     w.add_context_length(s.context_length)
     w.add_embedding_length(s.d_model)
     w.add_block_count(s.n_layer)
@@ -180,15 +193,19 @@ def _add_metadata(w, s: TinyModelSpec) -> None:
     w.add_rope_freq_base(s.rope_freq_base)
     if s.arch == "llama":
         w.add_rope_dimension_count(s.head_dim)
-    if s.arch in ("qwen3", "qwen3moe", *GEMMA):
+    if s.arch in ("qwen3", *MOE, *GEMMA):
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
-    if s.arch in GEMMA and s.sliding_window:
+    if s.arch in (*GEMMA, "gpt-oss") and s.sliding_window:
         w.add_sliding_window(s.sliding_window)
     if s.arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 50.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
-    if s.arch == "qwen3moe":
+    if s.arch == "gpt-oss":
+        w.add_string("gpt-oss.rope.scaling.type", "yarn")
+        w.add_float32("gpt-oss.rope.scaling.factor", GPTOSS_YARN_FACTOR)
+        w.add_uint32("gpt-oss.rope.scaling.original_context_length", GPTOSS_YARN_ORIG_CTX)
+    if s.arch in MOE:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
         w.add_expert_feed_forward_length(s.expert_ff)
@@ -313,26 +330,32 @@ def _tensors(s: TinyModelSpec):
         else:
             layer += [("attn_q.weight", (q_dim, d), WEIGHT_STD, 0.0), ("attn_k.weight", (kv_dim, d), WEIGHT_STD, 0.0),
                       ("attn_v.weight", (kv_dim, d), WEIGHT_STD, 0.0)]
-        if s.arch == "qwen2":
+        if s.arch in ("qwen2", "gpt-oss"):
             layer += [("attn_q.bias", (q_dim,), BIAS_STD, 0.0), ("attn_k.bias", (kv_dim,), BIAS_STD, 0.0),
                       ("attn_v.bias", (kv_dim,), BIAS_STD, 0.0)]
         if s.arch in ("qwen3", "qwen3moe", "gemma3"):
             layer += [("attn_q_norm.weight", (hd,), NORM_STD, 1.0), ("attn_k_norm.weight", (hd,), NORM_STD, 1.0)]
         layer.append(("attn_output.weight", (d, q_dim), WEIGHT_STD, 0.0))
-        if s.arch in GEMMA:
+        if s.arch == "gpt-oss":
+            layer += [("attn_output.bias", (d,), BIAS_STD, 0.0), ("attn_sinks.weight", (s.n_head,), SINK_STD, 0.0)]
+        if s.arch in (*GEMMA, "gpt-oss"):
             layer.append(("post_attention_norm.weight", (d,), NORM_STD, 1.0))
-        layer.append(("ffn_norm.weight", (d,), NORM_STD, 1.0))
+        if s.arch != "gpt-oss":  # its post_attention_norm is the pre-FFN norm
+            layer.append(("ffn_norm.weight", (d,), NORM_STD, 1.0))
         if s.arch == "phi3":
             layer.append(("ffn_up.weight", (2 * f, d), WEIGHT_STD, 0.0))
-        elif s.arch == "qwen3moe":
+        elif s.arch in MOE:
             e, fe = s.n_expert, s.expert_ff
             layer += [("ffn_gate_inp.weight", (e, d), ROUTER_STD / np.sqrt(d) * 4, 0.0),
                       ("ffn_gate_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
                       ("ffn_up_exps.weight", (e, fe, d), WEIGHT_STD, 0.0),
                       ("ffn_down_exps.weight", (e, d, fe), WEIGHT_STD, 0.0)]
+            if s.arch == "gpt-oss":  # router and expert biases
+                layer += [("ffn_gate_inp.bias", (e,), BIAS_STD, 0.0), ("ffn_gate_exps.bias", (e, fe), BIAS_STD, 0.0),
+                          ("ffn_up_exps.bias", (e, fe), BIAS_STD, 0.0), ("ffn_down_exps.bias", (e, d), BIAS_STD, 0.0)]
         else:
             layer += [("ffn_gate.weight", (f, d), WEIGHT_STD, 0.0), ("ffn_up.weight", (f, d), WEIGHT_STD, 0.0)]
-        if s.arch != "qwen3moe":
+        if s.arch not in MOE:
             layer.append(("ffn_down.weight", (d, f), WEIGHT_STD, 0.0))
         if s.arch in GEMMA:
             layer.append(("post_ffw_norm.weight", (d,), NORM_STD, 1.0))
@@ -343,7 +366,7 @@ def _tensors(s: TinyModelSpec):
 def _add_tensor(w, name: str, arr: np.ndarray, qtype: str) -> None:
     import gguf
 
-    if arr.ndim == 1 or qtype == "F32":
+    if arr.ndim == 1 or qtype == "F32" or not name.endswith(".weight"):  # vectors and biases stay F32
         w.add_tensor(name, arr)
         return
     gtype = gguf.GGMLQuantizationType[qtype]

@@ -55,7 +55,8 @@ class Weights:
         for n, shape in expected_shapes(loaded.config).items():
             if len(shape) == 3:  # experts: one stack per tensor, only the routed experts are read per token
                 names.append(n)
-            elif len(shape) == 2 and (n != "token_embd.weight" or loaded.config.tied_output):  # untied: lookup only
+            elif len(shape) == 2 and n.endswith(".weight") and (n != "token_embd.weight" or loaded.config.tied_output):
+                # (2-D biases of experts are vectors per expert; an untied token_embd is a lookup only)
                 names.append(n)
         names += [n for n in ("output.weight",) if n in g.tensors and n not in names]
         self._matrices = prepare_all(g, names, progress=progress)
@@ -76,15 +77,17 @@ class Weights:
         return name in self._g.tensors
 
 
-def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float):
-    """Write this step's K/V (T, KVH, hd) into the paged cache, then attend. Returns (T, H*vd)."""
+def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: float, softcap: float,
+           sinks: np.ndarray | None = None):
+    """Write this step's K/V (T, KVH, hd) into the paged cache, then attend (sinks: (H,) attention-sink logits or
+    None). Returns (T, H*vd)."""
     kc, vc = kv.layer(layer)
     tables = kv.tables(layer, batch)  # (S, MB) block ids, or slots for a trimmed sliding-window layer
     bs = kc.shape[1]
     slots = tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
     kv.write(layer, slots, k, v)
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
-                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows)
+                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows, sinks=sinks)
     return out.reshape(len(q), -1)
 
 

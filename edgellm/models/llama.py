@@ -1,6 +1,7 @@
 """Llama family (llama, mistral, qwen2 with q/k/v biases, qwen3 with QK-norm, qwen3moe with routed experts
 (models/moe.py), smollm3 with NoPE layers, phi3 with fused attn_qkv / gate+up, partial rotary and LongRoPE
-factors): RoPE, GQA, SwiGLU, optional separate output head."""
+factors, gpt-oss with q/k/v/o biases, attention sinks, alternating sliding-window layers, YaRN and biased routed
+experts): RoPE, GQA, SwiGLU, optional separate output head."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
 class Layer:
     def __init__(self, w: Weights, i: int, cfg):
         b = f"blk.{i}."
-        self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + "ffn_norm.weight")
+        self.attn_norm, self.ffn_norm = w.vector(b + "attn_norm.weight"), w.vector(b + f"{cfg.ffn_norm}.weight")
         q, k = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         if cfg.fused_qkv:  # one matmul, split at the q / k / v boundaries
             self.qkv, self.split = (w.matrix(b + "attn_qkv.weight"),), (q, q + k)
@@ -23,6 +24,8 @@ class Layer:
         self.q_norm = w.vector(b + "attn_q_norm.weight") if cfg.qk_norm else None
         self.k_norm = w.vector(b + "attn_k_norm.weight") if cfg.qk_norm else None
         self.wo = w.matrix(b + "attn_output.weight")
+        self.wo_b = w.vector(b + "attn_output.bias") if cfg.out_bias else None
+        self.sinks = w.vector(b + "attn_sinks.weight") if cfg.attn_sinks else None  # (H,)
         self.moe = MoEFFN(w, b, cfg) if cfg.n_experts else None
         if self.moe is None:  # fused: ffn_up holds [gate; up] (ggml_swiglu of the stacked rows)
             self.gate_up = (w.matrix(b + "ffn_up.weight"),) if cfg.fused_up else \
@@ -70,7 +73,7 @@ class Model(CausalLM):
         rot = c.n_rot or c.head_dim
         x = self.embed(batch.tokens)  # (T, D)
         cos, sin = rope_tables(batch.positions, rot, c.rope_base, c.rope_scale, factors=self.rope_factors,
-                               mscale=c.rope_mscale)
+                               mscale=c.rope_mscale, yarn=c.rope_yarn)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L.attn_norm, c.rms_eps)
             q, k, v = L.qkv_proj(h)
@@ -84,7 +87,7 @@ class Model(CausalLM):
                 apply_rope(q if rot == c.head_dim else q[..., :rot], cos, sin, neox=c.rope_neox)
                 apply_rope(k if rot == c.head_dim else k[..., :rot], cos, sin, neox=c.rope_neox)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if c.swa_layers[i] else 0,
-                       scale=c.attn_scale, softcap=c.attn_softcap)
-            x = x + linear(a, L.wo)
+                       scale=c.attn_scale, softcap=c.attn_softcap, sinks=L.sinks)
+            x = x + linear(a, L.wo, L.wo_b)
             x = x + L.ffn(rmsnorm(x, L.ffn_norm, c.rms_eps))
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled

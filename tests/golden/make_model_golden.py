@@ -94,6 +94,8 @@ TINY_CONFIGS = [  # (file stem, arch, qtype[, tiny_spec overrides])
     ("tiny_llama_iq4_nl", "llama", "IQ4_NL"),  # quantized by quant/iquants.py (llama.cpp's bytes)
     ("tiny_llama_iq4_xs", "llama", "IQ4_XS"),
     ("tiny_qwen3moe_mxfp4", "qwen3moe", "MXFP4"),  # every matrix MXFP4, the experts included
+    ("tiny_gptoss", "gpt-oss", "F32"),  # sinks, biases, sliding/global layers, YaRN, top-4 of 8 experts
+    ("tiny_gptoss_mxfp4", "gpt-oss", "F32", {"expert_qtype": "MXFP4"}),  # MXFP4 experts, as the real files
 ]
 # Weight types whose matmuls quantize the activations to 8 bits (Q8_0 / Q8_1 / Q8_K blocks). Rounding x*127/amax
 # to an integer is discontinuous: a 1-ulp difference anywhere upstream (matmul summation order, expf, ...) moves
@@ -106,6 +108,17 @@ TINY_QUANT_ACT_RTOL = 5e-2
 TINY_PROBE_WEIGHTS = ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output.weight")  # K = 256, 512, 256
 TINY_PROBE_ROWS = (0, 8, 16, 23)  # token rows kept (each row of a matmul is independent of the others)
 TINY_PROBE_RTOL = 1e-5  # observed ~1e-7 to 5e-7 (summation order only)
+# Models with quantized experts but float weights elsewhere (gpt-oss as its files come: MXFP4 experts): only the
+# experts' inputs are quantized, so flips are rarer (none on the golden tokens; 17 of 48 random 48-token prompts
+# had one, worst 5.7e-3), and the expert matmuls are probed instead: llama.cpp's MoE input, its routing (topk) and
+# its gate / up / down outputs per (token, pick) of layer 0, by graph tensor name.
+TINY_EXPERT_RTOL = 2e-2
+TINY_EXPERT_PROBES = {"x": "attn_post_norm-0", "ids": "ffn_moe_topk-0", "gate": "ffn_moe_gate-0",
+                      "up": "ffn_moe_up-0", "act": "ffn_moe_swiglu_oai-0", "down": "ffn_moe_down-0"}
+GGML_TYPE_I32 = 26
+# Attention sinks (gpt-oss): llama.cpp's unscaled KQ of layer 0 (a sliding-window layer) and its softmax with the
+# sinks, for the query rows TINY_PROBE_ROWS of every head, so the sink softmax is checked bit for bit
+TINY_SINK_PROBES = {"kq": "kq-0", "p": "kq_soft_max-0"}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -146,12 +159,13 @@ class _GgmlTensor(ctypes.Structure):
 
 
 def _tensor_f32(t: _GgmlTensor) -> np.ndarray:
-    """A host F32 tensor's values as a (ne3, ne2, ne1, ne0) array (strided views are followed)."""
-    assert t.type == GGML_TYPE_F32 and t.data
+    """A host F32 (or I32) tensor's values as a (ne3, ne2, ne1, ne0) array (strided views are followed)."""
+    assert t.type in (GGML_TYPE_F32, GGML_TYPE_I32) and t.data
     ne, nb = list(t.ne), list(t.nb)
     size = sum((ne[i] - 1) * nb[i] for i in range(4)) + 4
     buf = np.frombuffer((ctypes.c_char * size).from_address(t.data), dtype=np.uint8)
-    return np.lib.stride_tricks.as_strided(buf.view(np.float32) if size % 4 == 0 else buf, shape=ne[::-1],
+    dtype = np.float32 if t.type == GGML_TYPE_F32 else np.int32
+    return np.lib.stride_tricks.as_strided(buf.view(dtype) if size % 4 == 0 else buf, shape=ne[::-1],
                                            strides=nb[::-1]).copy()
 
 
@@ -184,7 +198,26 @@ class _MatmulProbe:
         return True
 
 
-def _with_eval_callback(probe: _MatmulProbe | None) -> None:
+class _NamedProbe:
+    """llama.cpp eval callback recording the graph tensors named in `names` (F32 or I32), as computed."""
+
+    def __init__(self, names):
+        import llama_cpp.llama_cpp as lc
+
+        self.names = set(names)
+        self.out: dict[str, np.ndarray] = {}
+        self.callback = lc.ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, tp, ask, _ud):
+        t = ctypes.cast(tp, ctypes.POINTER(_GgmlTensor)).contents
+        name = t.name.decode()
+        if ask or name not in self.names:
+            return name in self.names
+        self.out.setdefault(name, _tensor_f32(t))
+        return True
+
+
+def _with_eval_callback(probe) -> None:
     """Make the next llama_cpp.Llama contexts call probe's callback (None: no callback)."""
     import llama_cpp.llama_cpp as lc
 
@@ -414,10 +447,9 @@ def make_perplexity(model: Path) -> None:
 # c. tiny random models
 # ------------------------------------------------------------------------------------------------------------------
 
-def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Input/output rows TINY_PROBE_ROWS of the TINY_PROBE_WEIGHTS matmuls, from a second decode of `tokens` with
-    the eval callback (its logits must equal `logits` bit for bit: observing the graph changes nothing)."""
-    probe = _MatmulProbe(TINY_PROBE_WEIGHTS)
+def _observe(path: Path, tokens: list[int], logits: np.ndarray, probe):
+    """Decode `tokens` again with probe's eval callback; its logits must equal `logits` bit for bit (observing the
+    graph changes nothing). Returns the probe."""
     _with_eval_callback(probe)
     try:
         r = Runner(path, n_ctx=64, n_batch=64)
@@ -427,6 +459,13 @@ def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str,
     finally:
         _with_eval_callback(None)
     assert np.array_equal(again, logits), "llama.cpp gave other logits with the eval callback"
+    return probe
+
+
+def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Input/output rows TINY_PROBE_ROWS of the TINY_PROBE_WEIGHTS matmuls, from a second decode of `tokens` with
+    the eval callback (its logits must equal `logits` bit for bit: observing the graph changes nothing)."""
+    probe = _observe(path, tokens, logits, _MatmulProbe(TINY_PROBE_WEIGHTS))
     rows = list(TINY_PROBE_ROWS)
     out = {}
     for name in TINY_PROBE_WEIGHTS:
@@ -436,6 +475,16 @@ def _tiny_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str,
             out[name] = (x[rows], y[rows])
     assert "output.weight" not in probe.out or np.array_equal(probe.out["output.weight"][1], logits)
     return out
+
+
+def _expert_probes(path: Path, tokens: list[int], logits: np.ndarray) -> dict[str, np.ndarray]:
+    """TINY_EXPERT_PROBES of a second decode of `tokens` (its logits must equal `logits`): x (T, D), ids (T, k),
+    gate / up / act (T, k, F), down (T, k, D)."""
+    probe = _observe(path, tokens, logits, _NamedProbe(TINY_EXPERT_PROBES.values()))
+    T = len(tokens)
+    out = {key: probe.out[name].reshape(T, -1) for key, name in TINY_EXPERT_PROBES.items()}
+    k = out["ids"].shape[1]
+    return {key: a if key in ("x", "ids") else a.reshape(T, k, -1) for key, a in out.items()}
 
 
 def make_tiny(stems: set[str] | None = None) -> None:
@@ -468,9 +517,30 @@ def make_tiny(stems: set[str] | None = None) -> None:
                 }
                 for i, (x, y) in enumerate(probes.values()):
                     arrays[f"probe{i}_x"], arrays[f"probe{i}_y"] = x.astype(np.float32), y.astype(np.float32)
+            elif spec.expert_qtype in TINY_QUANT_ACT:
+                for key, a in _expert_probes(path, tokens, logits).items():
+                    arrays[f"expert_{key}"] = a
+                extra = {
+                    "logits_rtol": TINY_EXPERT_RTOL,
+                    "logits_rtol_note": (
+                        "the experts' inputs are quantized to 8 bits (q8_0, as llama.cpp's x86 quantize_row_q8_0: "
+                        "127/amax, round half to even); the float matmuls upstream agree with llama.cpp to ~1e-7, "
+                        "not bit for bit, so now and then a code sits on a rounding tie and moves by 1 (none on "
+                        "these tokens here: 4e-7; 17 of 48 random 48-token prompts, worst 5.7e-3); expert_probes "
+                        "compare the expert matmuls on llama.cpp's own inputs tightly"),
+                    "expert_probes": {"layer": 0, "rtol": TINY_PROBE_RTOL,
+                                      **{k: f"expert_{k}" for k in TINY_EXPERT_PROBES}},
+                }
+            if arch == "gpt-oss":
+                got = _observe(path, tokens, logits, _NamedProbe(TINY_SINK_PROBES.values())).out
+                for key, name in TINY_SINK_PROBES.items():  # (1, H, T, n_kv) -> (H, rows, n_kv)
+                    arrays[f"sink_{key}"] = got[name][0][:, list(TINY_PROBE_ROWS)]
+                extra["sink_probes"] = {"layer": 0, "rows": list(TINY_PROBE_ROWS),
+                                        **{k: f"sink_{k}" for k in TINY_SINK_PROBES}}
             np.savez_compressed(OUT / f"{stem}.npz", **arrays)
             doc = {
-                "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights).",
+                "description": f"Full llama.cpp logits of a tiny random {arch} model ({qtype} weights"
+                               + (f", {spec.expert_qtype} experts" if spec.expert_qtype else "") + ").",
                 "procedure": ("write_tiny_model(path, **writer) from tests/tiny_models.py (must reproduce the sha256 "
                               "below); decode `tokens` in one batch at positions 0..n-1 with logits for every row; "
                               f"logits are in {stem}.npz['logits'] with shape (n_tokens, n_vocab)."
