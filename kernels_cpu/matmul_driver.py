@@ -14,7 +14,8 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from . import matmul_iq, matmul_ir, matmul_k, matmul_q  # matmul_iq / _k / _q register the IR bodies
+# matmul_iq / _k / _q register the IR bodies; the others generate parts of them (see _source_tag)
+from . import matmul_iq, matmul_ir, matmul_k, matmul_kquad, matmul_neon, matmul_q, repack
 from ._jit import host_features, jit
 from .ops import f16_round
 from .matmul_ir import R, max_rows, qdot
@@ -77,7 +78,7 @@ def _source_tag() -> str:
     """Hash of the modules that generate the kernels' IR. Numba keys a cached closure by its cell values,
     so editing those modules recompiles the drivers (the cache index alone only tracks this file)."""
     h = hashlib.sha256()
-    for mod in (matmul_ir, matmul_q, matmul_k, matmul_iq):
+    for mod in (matmul_ir, matmul_q, matmul_k, matmul_kquad, matmul_iq, matmul_neon, repack):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 

@@ -172,4 +172,4 @@ def _iq4_xs(e: Emit, mb: int) -> None:
 
 register(Q.IQ4_NL, sliced=True)(_block32(KV_IQ4NL, _f16_d))
 register(Q.MXFP4, sliced=True)(_block32(KV_MXFP4, _e8m0_half))
-register(Q.IQ4_XS, sliced=True)(_iq4_xs)
+register(Q.IQ4_XS, sliced=True, shared=True)(_iq4_xs)

@@ -1,5 +1,8 @@
 """IR bodies of the k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): one 256-element super-block per call.
 
+On x86, Q4_K, Q5_K and Q6_K are stored as quad vectors and summed by matmul_kquad (int8 activations,
+vpdpbusd / vpmaddubsw); the pair-vector layout and forms below serve them on AArch64, and Q2_K / Q3_K everywhere.
+
 Repacked layout of one (row group, super-block) — see repack.py. Elements come in 8 runs t of 32
 (16 pairs pp each); pair vectors as in matmul_q:
   nibble plane (Q4_K, Q5_K, Q6_K): 64 vectors, vector t*8+v holds pair v (low) and pair v+8 (high) of run t;
@@ -25,7 +28,9 @@ from dataclasses import dataclass
 from quant.types import QuantType as Q
 
 from .matmul_ir import I16, I32, Emit, V, register
+from .matmul_kquad import q4_k_quads, q5_k_quads, q6_k_quads, quad_sums
 from .matmul_neon import s8_sums
+from .repack import QUAD_K
 
 
 def _scale_pairs(e: Emit, v):
@@ -90,8 +95,9 @@ def _half_scale(signed: bool, mask: int | None = None):
 class KSpec:
     """One k-quant: codes / scale (functions above), pairs sharing one scale (span), int16 pairs per
     vpmaddubsw / smlal chunk (2 * chunk * max code * 127 < 32768), the code offset subtracted as
-    offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (Q3_K, Q6_K), and the number of min
-    sub-blocks (0: none)."""
+    offset * sum_j scale_j * q8sum_j over the 16 sub-blocks of 16 (Q3_K, Q6_K), the number of min
+    sub-blocks (0: none), and where the layout is quad vectors (repack.QUAD_K) their codes (matmul_kquad; the
+    chunk then counts quads, of two int16 pairs per row each: the same bound)."""
 
     codes: Callable
     scale: Callable
@@ -99,12 +105,17 @@ class KSpec:
     chunk: int
     offset: int = 0
     mins: int = 0
+    quads: Callable | None = None
+
+
+def _quads(qt: Q, fn: Callable) -> Callable | None:
+    return fn if qt in QUAD_K else None
 
 
 KSPECS = {
-    Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 16, 8, mins=8),        # 2*15*127*8 = 30480
-    Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 16, 4, mins=8),         # 2*31*127*4 = 31496
-    Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 8, 2, offset=32),        # 2*63*127*2 = 32004
+    Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 16, 8, mins=8, quads=_quads(Q.Q4_K, q4_k_quads)),  # 30480
+    Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 16, 4, mins=8, quads=_quads(Q.Q5_K, q5_k_quads)),   # 31496
+    Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 8, 2, offset=32, quads=_quads(Q.Q6_K, q6_k_quads)),  # 32004
     Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, 8, offset=4),
     Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, 8, mins=16),
 }
@@ -160,7 +171,9 @@ def _offset_corr(e: Emit, i: int, spec: KSpec):
 
 def _body(spec: KSpec):
     def body(e: Emit, mb: int) -> None:
-        if e.x_s8 and e.neon:
+        if spec.quads is not None and e.x_s8 and not e.neon:
+            sums = quad_sums(e, mb, spec.quads, spec.scale, spec.span // 2, spec.chunk)
+        elif e.x_s8 and e.neon:
             sums = s8_sums(e, mb, 8, 16, lambda t, p: spec.codes(e, t, p), lambda t, p: spec.scale(e, t, p),
                            spec.span, spec.chunk)
         elif e.x_s8:
@@ -180,4 +193,5 @@ def _body(spec: KSpec):
 
 
 for _qt, _spec in KSPECS.items():
-    register(_qt)(_body(_spec))
+    quad = _spec.quads is not None  # quad vectors: slices of slice_width() rows, sharing a pass (SHARED)
+    register(_qt, sliced=quad, shared=quad)(_body(_spec))

@@ -2,8 +2,8 @@
 
 Rows are taken in groups of R = 16 (N padded with zero rows). For every (group g, block b) the bit planes
 of the 16 rows' codes are stored contiguously in qs (G, NB, QB) uint8, and their scales in sc (G, NB, SB)
-uint8 — see matmul_q / matmul_k / matmul_iq for the exact planes. Bits stay packed: memory is the file size plus a few
-percent (k-quant 6-bit scales are stored unpacked, one byte each).
+uint8 — see matmul_q / matmul_k / matmul_kquad / matmul_iq for the exact planes. Bits stay packed: memory is the
+file size plus a few percent (k-quant 6-bit scales are stored unpacked, one byte each).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from quant.iquants import iq4_xs_scales
 from quant.types import FORMATS
 from quant.types import QuantType as Q
 
-from ._jit import jit
+from ._jit import ARM, jit
 
 R = 16
 _GROUP_CHUNK = 1024  # groups repacked per step (bounds the temporary arrays)
@@ -136,6 +136,15 @@ def _split_float(dtype):
     return split
 
 
+# The k-quants whose x86 kernels take quad vectors (matmul_kquad): their planes are "nibq" (+ "bitq" / "crumbq")
+# there; on AArch64 the pair-vector planes of matmul_k (its NEON forms read pairs).
+QUAD_K: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
+
+
+def _k_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
+    return quads if qtype in QUAD_K else pairs
+
+
 LAYOUTS: dict[Q, Layout] = {
     Q.Q8_0: Layout(32, 512, 32, 32, _split_q8_0, ("q8",)),
     Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, ("nib",)),
@@ -147,9 +156,9 @@ LAYOUTS: dict[Q, Layout] = {
     Q.IQ4_XS: Layout(256, 2048, 160, 256, _split_iq4_xs, ("nibq",)),
     Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, ("crumb_lo",)),
     Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, ("crumb_lo", "bit2")),
-    Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, ("nib",)),
-    Q.Q5_K: Layout(256, 2560, 320, 256, _split_q5_k, ("nib", "bit4")),
-    Q.Q6_K: Layout(256, 3072, 288, 256, _split_q6_k, ("nib", "crumb_hi")),
+    Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, _k_planes(Q.Q4_K, ("nib",), ("nibq",))),
+    Q.Q5_K: Layout(256, 2560, 320, 256, _split_q5_k, _k_planes(Q.Q5_K, ("nib", "bit4"), ("nibq", "bitq"))),
+    Q.Q6_K: Layout(256, 3072, 288, 256, _split_q6_k, _k_planes(Q.Q6_K, ("nib", "crumb_hi"), ("nibq", "crumbq"))),
     Q.F32: Layout(32, 32 * R * 4, 1, 0, _split_float(np.float32), ()),
     Q.F16: Layout(32, 32 * R * 2, 1, 0, _split_float(np.float16), ()),
     Q.BF16: Layout(32, 32 * R * 2, 1, 0, _split_float(np.uint16), ()),
@@ -176,6 +185,13 @@ def _pairs(codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return pv
 
 
+def _quads(pv: np.ndarray) -> np.ndarray:
+    """Pair vectors pv (G, NB, P, 32) -> quad vectors (G, NB, P/16, 8, 64): per run of 32 elements, quad l holds
+    pairs 2l, 2l+1 with byte 4r+e = row r, element 4l+e of the run."""
+    G, NB, P, _ = pv.shape
+    return pv.reshape(G, NB, P // 2, 2, R, 2).transpose(0, 1, 2, 4, 3, 5).reshape(G, NB, P // 16, 8, 64)
+
+
 def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     """Pack pair vectors pv (G, NB, P, 32) of codes into one bit plane, flattened per (g, b)."""
     G, NB, P, _ = pv.shape
@@ -184,9 +200,16 @@ def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     if kind == "nib":  # per run of 16 pairs: vector v = pair v (low nibble) | pair v+8 (high nibble)
         r = pv.reshape(G, NB, P // 16, 2, 8, 32)
         return ((r[:, :, :, 0] & 15) | ((r[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
-    if kind == "nibq":  # quads (pairs 2l, 2l+1; byte 4r+e); per run of 8: vector j = quad j | quad j+4 << 4
-        q = pv.reshape(G, NB, P // 2, 2, R, 2).transpose(0, 1, 2, 4, 3, 5).reshape(G, NB, P // 16, 2, 4, 64)
+    if kind == "nibq":  # per run: vector j (0..3) = quad j (low nibbles) | quad j+4 (high nibbles)
+        q = _quads(pv).reshape(G, NB, P // 16, 2, 4, 64)
         return ((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
+    if kind == "bitq":  # per run: one vector, bit l of byte 4r+e = bit 4 of quad l
+        q = (_quads(pv) >> 4) & 1
+        return (q << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8).reshape(G, NB, -1)
+    if kind == "crumbq":  # per run: vector u (0, 1) = bits 4-5 of quads u, u+2, u+4, u+6 at bits 0-1, 2-3, 4-5, 6-7
+        q = ((_quads(pv) >> 4) & 3).reshape(G, NB, P // 16, 4, 2, 64)  # [s, u] = quad 2s + u
+        sh = (2 * np.arange(4, dtype=np.uint8))[:, None, None]
+        return (q << sh).sum(-3, dtype=np.uint8).reshape(G, NB, -1)
     if kind in ("crumb_lo", "crumb_hi"):  # per run of 16 pairs: vector u = pairs u, u+4, u+8, u+12
         src = pv if kind == "crumb_lo" else pv >> 4
         r = (src & 3).reshape(G, NB, P // 16, 4, 4, 32)

@@ -74,10 +74,21 @@ def _asm(isa: str, qt: str) -> str:
 
 # (forced ISA, format) -> instructions the decode kernel must contain; every forced AVX2 build: no zmm register
 ASM_EXPECT = {
-    ("avx2", "Q4_K"): ("vpmaddubsw", "vpmaddwd"),  # unsigned codes x int8 activations, widened by the scales
+    # the k-quants' quad vectors (matmul_kquad): unsigned codes x int8 activation quads, vpdpbusd where VNNI
+    # exists, else vpmaddubsw widened by the sub-block scales with vpmaddwd
+    ("avx2", "Q4_K"): ("vpmaddubsw", "vpmaddwd"),
+    ("avx2", "Q5_K"): ("vpmaddubsw", "vpmaddwd"),
+    ("avx2", "Q6_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q8_0"): ("vpmaddwd",),  # signed weights: int16 pairs
-    ("avx2-vnni", "Q4_K"): ("vpmaddubsw",),
-    ("avx512-vnni", "Q4_K"): ("vpdpwssd",),
+    ("avx2", "Q3_K"): ("vpmaddubsw", "vpmaddwd"),  # the pair vectors' unsigned-weight form (Emit.u8w_sums)
+    ("avx2-vnni", "Q4_K"): ("vpdpbusd",),
+    ("avx2-vnni", "Q6_K"): ("vpdpbusd",),
+    ("avx512", "Q4_K"): ("vpmaddubsw", "vpmaddwd"),
+    ("avx512", "Q6_K"): ("vpmaddubsw", "vpmaddwd"),
+    ("avx512-vnni", "Q4_K"): ("vpdpbusd",),
+    ("avx512-vnni", "Q5_K"): ("vpdpbusd",),
+    ("avx512-vnni", "Q6_K"): ("vpdpbusd",),
+    ("avx512-vnni", "Q3_K"): ("vpdpwssd",),  # int16 pairs times their scales
     ("avx512-vnni", "Q8_0"): ("vpdpwssd",),
     # the table-lookup formats (matmul_iq): codes -> int8 weights by vpshufb, then 4-product dots per row (the
     # first instruction, once per row and quad, finds the one-row loop)

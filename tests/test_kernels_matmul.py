@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kernels_cpu import _jit, get_rows, matmul, matmul_many, prepare_weight
-from kernels_cpu.matmul import _prepare_x, split_min_macs
+from kernels_cpu.matmul import _S8_WEIGHTS, _prepare_x, split_min_macs
 from kernels_cpu.matmul_driver import make_driver
 from kernels_cpu.repack import LAYOUTS
 from quant.formats import dequantize
@@ -296,7 +296,7 @@ def test_f16_round_matches_numpy():
 X86 = platform.machine() in ("x86_64", "AMD64")
 
 
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4], ids=lambda q: q.name)
 @pytest.mark.parametrize("feats", [pytest.param({"avx2"}, marks=pytest.mark.skipif(
     not X86, reason="x86 intrinsics cannot be compiled for this CPU")), set()], ids=["avx2", "generic"])
 def test_portable_ir_paths(monkeypatch, feats, qt):
@@ -320,9 +320,10 @@ def test_portable_ir_paths(monkeypatch, feats, qt):
 
 
 # The activation forms besides int16, each with the formats it serves: uint8 codes + 128 (the VNNI form,
-# vpdpbusd) for the 32-block formats; int8 codes (the unsigned-weight form, vpmaddubsw) for all but Q8_0.
+# vpdpbusd) for the 32-block formats; int8 codes (the unsigned-weight form, vpmaddubsw) for all but Q8_0 and the
+# formats that take int8 codes whatever the flags (the table-lookup formats; the k-quants' quad vectors on x86).
 FORM_CASES = [("ACT_U8", np.uint8, q) for q in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)] + \
-             [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0]
+             [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0 and q not in _S8_WEIGHTS]
 
 
 @pytest.mark.parametrize("flag,dtype,qt", FORM_CASES, ids=lambda v: getattr(v, "name", str(v)))
