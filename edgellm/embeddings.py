@@ -81,8 +81,7 @@ def _hidden_group(llm, seqs: list[list[int]]) -> list[np.ndarray]:
         toks = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in seqs])  # (T,)
         pos = np.concatenate([np.arange(len(ids), dtype=np.int64) for ids in seqs])  # (T,)
         row_seq = np.concatenate([np.full(len(ids), s, dtype=np.int64) for s, ids in enumerate(seqs)])  # (T,)
-        decode = np.concatenate([np.full(len(ids), len(ids) == 1) for ids in seqs])  # a lone row: decode order
-        batch = ForwardBatch(toks, pos, row_seq, bt, np.arange(len(toks), dtype=np.int64), decode_rows=decode)
+        batch = ForwardBatch(toks, pos, row_seq, bt, np.arange(len(toks), dtype=np.int64))
         eng.kv_manager.prepare(batch)
         h = llm.model.hidden(batch, eng.kv)  # (T, D)
         bounds = np.cumsum([0] + [len(ids) for ids in seqs])

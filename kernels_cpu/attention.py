@@ -23,8 +23,7 @@ def _flat(cache):
 
 def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
                     row_seq: np.ndarray, block_tables: np.ndarray, *, window: int = 0, scale: float,
-                    softcap: float = 0.0, single: np.ndarray | None = None,
-                    sinks: np.ndarray | None = None) -> np.ndarray:
+                    softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Attention of query rows over their sequences' cached K/V (the rows' own K/V must already be written).
 
     q: (T, H, hd) float32; kcache: (NB, BS, KVH, hd); vcache: (NB, BS, KVH, vd), each float32, f16 bits
@@ -32,12 +31,11 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     d * q); positions, row_seq: (T,); block_tables: (S, MB) int32 block ids. Returns (T, H, vd) float32.
     Shapes and block ids are validated here because the kernel does no bounds checks.
 
-    The float operations are llama.cpp's (ggml-cpu, F32 K/V cache, no flash attention), so an F32 cache gives
-    bit-identical results; a compact form gives what an F32 cache of its widened values gives. Like llama.cpp,
-    the P @ V product sums in a different order for a sequence that has a single row in the call (a decode step:
-    ggml_vec_dot_f32) than for one with several (a prefill chunk: tinyBLAS sgemm); rows of other sequences never
-    matter. `single` (T,) bool chooses the order per row instead (the engine passes "a generated token fed back",
-    so a prompt row sums the same way however the prompt was split into chunks or served from the prefix cache).
+    The float operations are llama.cpp's (ggml-cpu, F32 K/V cache, no flash attention) for a batch of several
+    tokens, so an F32 cache gives its results bit for bit there; a compact form gives what an F32 cache of its
+    widened values gives. Every row sums P @ V in that order (tinyBLAS sgemm's), also a lone decode row, where
+    llama.cpp takes ggml_vec_dot_f32's: a row's result depends only on its query, position and sequence, never
+    on the other rows of the call, on chunking or on whether it is a generated token (batch invariance).
 
     sinks: optional (H,) float32 per-head logits that join each softmax's max and denominator but carry no value
     (gpt-oss; llama.cpp's ggml_soft_max_add_sinks); None leaves every result as it was, bit for bit.
@@ -67,11 +65,6 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     if sinks.shape not in ((0,), (H,)):
         raise ValueError(f"sinks must have shape ({H},), got {sinks.shape}")
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
-    if single is None:
-        single = np.bincount(row_seq)[row_seq] == 1 if T else np.zeros(0, bool)
-    single = np.asarray(single, dtype=np.uint8)  # (T,)
-    if single.shape != (T,):
-        raise ValueError(f"single must have shape ({T},), got {single.shape}")
     max_ctx = int(positions.max()) + 1 if T else 1
     group = H // KVH
     # split (row, KV head) jobs over threads when there is enough work per thread (~64k MACs)
@@ -83,7 +76,7 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
                  lambda: np.empty(group * (max_ctx + 128), np.float32),
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  _flat(kcache), _flat(vcache), dims,
-                 positions, row_seq, block_tables, single, int(window), np.float32(scale), np.float32(softcap), sinks,
+                 positions, row_seq, block_tables, int(window), np.float32(scale), np.float32(softcap), sinks,
                  cost=np.repeat(ctx + 16, KVH), split=_paged_attention_split)
     return out
 

@@ -292,30 +292,6 @@ def pv_sgemm(e, b):
     return head_sum
 
 
-@_pv_intrinsic
-def pv_vecdot(e, b):
-    """P @ V in ggml_vec_dot_f32's order (a one-token batch in llama.cpp), as pv_sgemm but for chunks of 64
-    cells: cell j of the run in accumulator j % 64 (fma over j // 64); accumulators l, l+16, l+32, l+48 combined
-    as (l + (l+32)) + ((l+16) + (l+48)), then reduce_add over l. cbase[i]: V offset of cell 16 i of the run."""
-    accs = [cgutils.alloca_once(b, _vec(_PV_WIDTH)) for _ in range(4)]
-
-    def head_sum(d0, pw):
-        def lane_sum(lane):
-            for acc in accs:
-                b.store(e.zero, acc)
-
-            def chunk(c, masked):
-                for i, acc in enumerate(accs):  # cells lane + 16 i of the chunk
-                    cell = b.add(b.mul(c, e.k(64)), e.k(lane + 16 * i))
-                    row = b.load(b.gep(e.pbase, [b.add(b.mul(c, e.k(4)), e.k(i))]))
-                    e.fma_cell(acc, pw, cell, b.add(b.add(row, b.mul(e.stride, e.k(lane))), d0), masked)
-            e.over_chunks(chunk)
-            a0, a1, a2, a3 = (b.load(acc) for acc in accs)  # lanes l, l+16, l+32, l+48
-            return b.fadd(b.fadd(a0, a2), b.fadd(a1, a3))
-        return _reduce16_lazy(b, lane_sum)
-    return head_sum
-
-
 # --- the kernel: the IR sums where they apply, the same sums in plain Numba elsewhere ----------------------------
 
 def kv_at(c, i):
@@ -347,23 +323,14 @@ def _tree16(a, o):
     return (u0 + u2) + (u1 + u3)
 
 
-@jit(inline="always")
-def _pv_fast(o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads, nl):
-    """The IR P @ V kernels (16-cell chunks inside one block, whole vectors) in nl lanes."""
-    if nl == 16:
-        pv_sgemm(o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads)
-    else:
-        pv_vecdot(o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads)
-
-
 @jit
-def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, nl, acc, lanes):
-    # P @ V with nl (16 or 64) accumulator lanes per output element: cell p in lane p % nl, fma over p // nl;
-    # 64 lanes are then combined as ggml_vec_dot_f32's 4 x 16, 16 lanes reduced directly. w[p - base]: weights;
-    # V row of cell p at (bt[p // bs] * bs + p % bs) * row_stride + voff. acc: (64, vd) scratch
-    acc[:nl] = 0.0
+def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, acc, lanes):
+    # P @ V (the plain-Numba twin of pv_sgemm for shapes it does not take): cell p in lane p % 16, fma over
+    # p // 16, then the 16 lanes reduced; w[p - base]: weights; V row of cell p at (bt[p // bs] * bs + p % bs) *
+    # row_stride + voff. acc: (16, vd) scratch
+    acc[:] = 0.0
     for p in range(lo, pos + 1):
-        a = acc[p % nl]
+        a = acc[p % 16]
         wp = w[p - base]
         vo = (bt[p // bs] * bs + p % bs) * row_stride + voff
         for d in range(vd):
@@ -371,29 +338,27 @@ def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, nl, ac
     for d in range(vd):
         for j in range(16):
             lanes[j] = acc[j, d]
-            if nl == 64:
-                lanes[j] = (acc[j, d] + acc[j + 32, d]) + (acc[j + 16, d] + acc[j + 48, d])
         o[ooff + d] = _tree16(lanes, 0)
 
 
 @jit  # no fastmath: every float operation below is one of llama.cpp's, in its order
-def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                     sinks, job_lo, job_hi, s):
+def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
+                     job_lo, job_hi, s):
     # flat C-order views: out (T*H*vd,) of (T, H, vd); q (T*H*hd,) of (T, H, hd); kc, vc of the caches
     # (NB, BS, KVH, hd) / (NB, BS, KVH, vd) in any form (module doc; q8_0: flat (qs, d) pairs); dims = (H, KVH,
-    # hd, vd, BS). positions, row_seq, single: (T,); block_tables: (S, MB); sinks: (H,) float32 per-head sink
+    # hd, vd, BS). positions, row_seq: (T,); block_tables: (S, MB); sinks: (H,) float32 per-head sink
     # logits or (0,) for none; s: (group * S,) float32 scratch of
     # this worker, S >= max_ctx + 128. Jobs [job_lo, job_hi) of the T * KVH (row, KV head) pairs; each does the
     # `group` query heads of its KV head (K and V rows are read once for all of them). KV cells go in chunks of
     # 16 (llama.cpp's softmax and sgemm lanes): s[g * S + j] holds head g's value for cell base + j, base a
-    # multiple of 16 (of 64 for a single row).
+    # multiple of 16. Every row sums in the same order, whatever else is in the call (batch invariance).
     H, KVH, hd, vd, BS = dims
     group = H // KVH
     S = len(s) // group
     hd_main = hd - hd % 64
     cbase = np.empty(S // 16 + 1, np.int64)  # per chunk: V offset of its first cell
     m = np.empty(group, np.float32)
-    vacc = np.empty((64, vd), np.float32)
+    vacc = np.empty((16, vd), np.float32)
     lanes = np.empty(16, np.float32)
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
     for job in range(job_lo, job_hi):
@@ -404,9 +369,8 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
         lo = 0
         if window > 0 and pos - window + 1 > 0:
             lo = pos - window + 1
-        nl = 64 if single[t] else 16  # P @ V lanes (see below); cells are handled from a multiple of nl on
-        base = lo - lo % nl
-        n16 = (pos // nl - base // nl + 1) * (nl // 16)  # chunks of 16 cells from base
+        base = lo - lo % 16  # cells are handled in chunks of 16 from a multiple of 16 on
+        n16 = pos // 16 - base // 16 + 1  # chunks of 16 cells from base
         # KQ = ggml_vec_dot_f32 per visible cell: 4 x 16 lanes (element i in lane i % 64, fma over i // 64),
         # (s0 + s2) + (s1 + s3), reduce_add; the hd % 64 leftovers by scalar fma. Walked block by block.
         m[:] = -np.inf
@@ -447,9 +411,10 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
             inv = np.float32(1.0 / total)
             for j in range(16 * n16):
                 w[j] = w[j] * inv
-        # KQV over the KV cells, by the matmul llama.cpp picks: tinyBLAS sgemm when its batch has >= 2 tokens
-        # (16 lanes: cell p in lane p % 16, fma over p // 16, reduce_add), ggml_vec_dot_f32 for a single token
-        # (4 x 16 lanes). Cells outside [lo, pos] have weight 0 and leave the lanes unchanged: skipped.
+        # KQV over the KV cells in tinyBLAS sgemm's order (16 lanes: cell p in lane p % 16, fma over p // 16,
+        # reduce_add) for every row: llama.cpp sums a one-token batch in ggml_vec_dot_f32's order instead (4 x 16
+        # lanes), which costs twice the time here and made a row's K/V depend on whether it was a generated
+        # token. Cells outside [lo, pos] have weight 0 and leave the lanes unchanged: skipped.
         ooff = (t * H + kh * group) * vd
         if BS % 16 == 0 and vd % _PV_WIDTH == 0:  # the IR kernels: 16-cell chunks in one block
             for c in range(n16):
@@ -457,17 +422,17 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, sin
                 if p > pos or p + 15 < lo:  # no visible cell (masked lanes): any 16 rows of a block in use
                     p = pos - pos % 16
                 cbase[c] = ((bt[p // BS] * BS + p % BS) * KVH + kh) * vd
-            _pv_fast(out, ooff, s, S, vc, cbase, n16 // (nl // 16), KVH * vd, lo - base, pos - base, vd, group, nl)
+            pv_sgemm(out, ooff, s, S, vc, cbase, n16, KVH * vd, lo - base, pos - base, vd, group)
         else:
             for g in range(group):
                 _pv_lanes(out, ooff + g * vd, s[g * S:(g + 1) * S], base, vc, bt, BS, KVH * vd, kh * vd, lo, pos,
-                          vd, nl, vacc, lanes)
+                          vd, vacc, lanes)
 
 
 @parallel_jit
-def _paged_attention_split(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                           sinks, bounds, scratch):
+def _paged_attention_split(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
+                           bounds, scratch):
     # _paged_attention over the job chunks [bounds[c], bounds[c+1]) in parallel; scratch (chunks, S)
     for c in numba.prange(len(bounds) - 1):
-        _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, single, window, scale, softcap,
-                         sinks, bounds[c], bounds[c + 1], scratch[c])
+        _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
+                         bounds[c], bounds[c + 1], scratch[c])

@@ -91,24 +91,22 @@ def test_q8_attention_is_ggml_order_on_the_dequantized_cache(H, KVH, hd, window,
 
 def test_q8_attention_rows_batch_invariant():
     """A row's result does not depend on the other rows of its sequence or other sequences in the call; a decode
-    row (single) sums P @ V in the one-token order, as with an f16 or F32 cache."""
+    row sums as the same position in a prefill chunk does, as with an f16 or F32 cache."""
     rng = np.random.default_rng(0)
     k = rng.normal(size=(40, 1, 64)).astype(np.float32)
     v = rng.normal(size=(40, 1, 64)).astype(np.float32)
     kc, vc, bt, _, _ = _paged_q8(k, v, 16, rng)
     q = rng.normal(size=(40, 4, 64)).astype(np.float32)
 
-    def att(rows, pos, seq, bts, single=None):
-        return paged_attention(q[rows], kc, vc, np.array(pos), np.array(seq), bts, scale=0.1, single=single)
+    def att(rows, pos, seq, bts):
+        return paged_attention(q[rows], kc, vc, np.array(pos), np.array(seq), bts, scale=0.1)
     full = att(slice(None), np.arange(40), np.zeros(40, np.int64), bt)
     np.testing.assert_array_equal(full[37:], att(slice(37, 40), [37, 38, 39], [0, 0, 0], bt))
     two = np.concatenate([bt, bt])
     mixed = att([20, 21, 22, 39], [20, 21, 22, 39], [0, 0, 0, 1], two)
     np.testing.assert_array_equal(mixed[:3], full[20:23])
     np.testing.assert_array_equal(mixed[3:], att([39], [39], [0], bt))
-    assert not np.array_equal(mixed[3:], full[39:])  # the one-token order is another order...
-    np.testing.assert_array_equal(mixed[3:], att([39], [39], [0], bt, single=np.ones(1, bool)))  # ...chosen per row
-    np.testing.assert_array_equal(full[39:], att([39], [39], [0], bt, single=np.zeros(1, bool)))
+    np.testing.assert_array_equal(mixed[3:], full[39:])  # a lone decode row: the prefill chunk's order
 
 
 # -- the paged cache -------------------------------------------------------------------------------------------------
@@ -268,7 +266,7 @@ def test_f16_cache_rows_are_what_an_f32_cache_of_their_values_gives():
     q = rng.normal(size=(3, 4, 96)).astype(np.float32)
     kb, vb = to_f16_bits(k), to_f16_bits(v)
     widen = lambda b: b.view(np.float16).astype(np.float32)  # noqa: E731
-    for single in (None, np.ones(3, bool)):
-        args = (np.array([29, 30, 31]), np.zeros(3, np.int64), np.array([[1, 0]]))
-        np.testing.assert_array_equal(paged_attention(q, kb, vb, *args, scale=0.2, single=single),
-                                      paged_attention(q, widen(kb), widen(vb), *args, scale=0.2, single=single))
+    for rows in (slice(None), slice(2, 3)):  # a prefill chunk, a decode row
+        args = (np.array([29, 30, 31])[rows], np.zeros(3, np.int64)[rows], np.array([[1, 0]]))
+        np.testing.assert_array_equal(paged_attention(q[rows], kb, vb, *args, scale=0.2),
+                                      paged_attention(q[rows], widen(kb), widen(vb), *args, scale=0.2))

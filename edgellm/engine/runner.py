@@ -20,7 +20,7 @@ class ModelRunner:
     def run(self, items: list[ScheduledItem]) -> dict[int, np.ndarray]:
         """One forward over all items; returns {request id: logits (1 + len(draft), V)} for requests that sample
         now: the row of their last known token, then one per draft token (scored after the draft before it)."""
-        toks, pos, seq, rows, sampled, decode = [], [], [], [], [], []
+        toks, pos, seq, rows, sampled = [], [], [], [], []
         block_tables = [self.kv_manager.block_table(it.request) for it in items]
         tables = np.full((len(items), max(map(len, block_tables))), -1, dtype=np.int64)  # (S, MB)
         n = 0
@@ -30,18 +30,13 @@ class ModelRunner:
             toks += r.all_ids[start:start + it.n_new] + it.draft
             pos += range(start, start + m)
             seq += [s] * m
-            # llama.cpp sums a lone token's attention in another order than a prompt's rows: decide by what the
-            # row is, not by how this step's chunk happened to be cut (batch invariance); draft rows are
-            # generated tokens, computed exactly as they would be one per step
-            decode += [start >= r.prompt_rows] * it.n_new + [True] * len(it.draft)
             tables[s, :len(block_tables[s])] = block_tables[s]
             n += m
             if start + it.n_new == r.n_tokens:  # caught up with known tokens: sample the next one(s)
                 rows += range(n - 1 - len(it.draft), n)
                 sampled.append((r.id, 1 + len(it.draft)))
         batch = ForwardBatch(np.asarray(toks, dtype=np.int64), np.asarray(pos, dtype=np.int64),
-                             np.asarray(seq, dtype=np.int64), tables, np.asarray(rows, dtype=np.int64),
-                             decode_rows=np.asarray(decode, dtype=bool))
+                             np.asarray(seq, dtype=np.int64), tables, np.asarray(rows, dtype=np.int64))
         step, self.steps = self.steps, self.steps + 1
         self.kv_manager.prepare(batch)  # sliding-window slots, before the forward
         logits = self.model.forward(batch, self.kv) if len(toks) else np.empty((0, 0), np.float32)

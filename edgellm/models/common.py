@@ -20,9 +20,7 @@ class ForwardBatch:
     block_tables: (S, MB) int32 — per sequence, the KV block holding positions [i*BS, (i+1)*BS);
     logit_rows: (R,) — rows whose logits are wanted (usually the last row of each sequence);
     slot_tables: (S, MB) — block_tables as trimmed sliding-window layers index their K/V (set before the forward
-    by KVCacheManager.prepare, also for one-off forwards: LLM.scratch);
-    decode_rows: (T,) bool or None — rows whose attention sums P @ V in llama.cpp's one-token order (generated
-    tokens fed back); None: rows alone in their sequence (see kernels_cpu.attention.paged_attention).
+    by KVCacheManager.prepare, also for one-off forwards: LLM.scratch).
     """
 
     tokens: np.ndarray
@@ -31,7 +29,6 @@ class ForwardBatch:
     block_tables: np.ndarray
     logit_rows: np.ndarray
     slot_tables: np.ndarray | None = None
-    decode_rows: np.ndarray | None = None
 
     @classmethod
     def single(cls, tokens, start: int, block_table, *, all_logits: bool = False) -> "ForwardBatch":
@@ -87,7 +84,7 @@ def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: 
     slots = tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
     kv.write(layer, slots, k, v)
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
-                          window=window, scale=scale, softcap=softcap, single=batch.decode_rows, sinks=sinks)
+                          window=window, scale=scale, softcap=softcap, sinks=sinks)
     return out.reshape(len(q), -1)
 
 
