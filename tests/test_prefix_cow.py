@@ -19,10 +19,9 @@ GREEDY = dict(temperature=0, ignore_eos=True, logprobs=0)
 class FakeReq:
     _ids = itertools.count()
 
-    def __init__(self, ids, prompt_rows=None):
+    def __init__(self, ids):
         self.id = next(self._ids)
         self.all_ids = list(ids)
-        self.prompt_rows = len(ids) if prompt_rows is None else prompt_rows
         self.n_computed = self.n_cached = 0
 
 
@@ -44,9 +43,9 @@ class Cache(KVCacheManager):
         return hit
 
 
-def finished(mgr, ids, n_computed=None, prompt_rows=None) -> FakeReq:
+def finished(mgr, ids, n_computed=None) -> FakeReq:
     """A request admitted (full blocks only), computed up to n_computed in fresh blocks, then freed."""
-    r = FakeReq(ids, prompt_rows)
+    r = FakeReq(ids)
     hit = mgr.lookup(r)
     hit = PrefixHit(hit.blocks, tokens=len(hit.blocks) * mgr.bs)
     n = len(ids) if n_computed is None else n_computed
@@ -97,7 +96,7 @@ def test_partial_match_copies_the_longest_prefix_into_a_fresh_block():
     assert mgr.copies == [(2, 3, 3)]  # the longest of (5,) and (5, 6, 7); block 3 is the next free one
     assert mgr.block_table(r) == [0, 3] and r.n_computed == r.n_cached == 7 and mgr.hit_tokens == 4 + 7
     assert pool.ref[0] == 1 and pool.ref[2] == 0 and 2 in mgr.cached_blocks()  # source: still cached
-    assert tree.match_partial([1, 2, 3, 4, 5, 6, 9], [0], 7) == (2, 2)  # a prefix of a leaf is enough
+    assert tree.match_partial([1, 2, 3, 4, 5, 6, 9], [0]) == (2, 2)  # a prefix of a leaf is enough
     # a second request on the same prefix gets its own copy: no block is ever shared for writing
     r2 = FakeReq([1, 2, 3, 4, 5, 6, 7, 1])
     mgr.admit(r2)
@@ -142,15 +141,12 @@ def test_no_partial_reuse_when_cut_back_refused_or_out_of_blocks():
     assert all(c == 0 for c in pool.ref) and pool.n_free == 3 and mgr.cached_blocks() == {0, 1}
 
 
-def test_copy_stops_where_row_kinds_differ():
+def test_copy_takes_every_matching_row():
     mgr = Cache()
-    finished(mgr, [1, 2, 3, 4, 5, 6, 7], prompt_rows=5)  # rows 6, 7 were generated (decode rows)
-    r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8])  # here 6 and 7 are prompt rows: their K/V would differ
+    finished(mgr, [1, 2, 3, 4, 5, 6, 7])  # a prompt of 5 and 2 generated tokens: all rows alike
+    r = FakeReq([1, 2, 3, 4, 5, 6, 7, 8])  # a follow-up that repeats the answer
     mgr.admit(r)
-    assert mgr.copies == [(1, 2, 1)] and r.n_cached == 5
-    again = FakeReq([1, 2, 3, 4, 5, 6, 7, 8], prompt_rows=5)  # the same request resumed after a preemption
-    mgr.admit(again)
-    assert mgr.copies[-1] == (1, 3, 3) and again.n_cached == 7
+    assert mgr.copies == [(1, 2, 3)] and r.n_cached == 7
 
 
 def test_partial_leaf_evicted_alone_or_with_its_parent():
@@ -162,7 +158,7 @@ def test_partial_leaf_evicted_alone_or_with_its_parent():
     assert take() == [3]
     assert take() == [1]  # the LRU cached block: the partial leaf, alone
     assert set(tree.by_block) == {0, 2} and not tree.by_block[0].children and mgr.evictions == 1
-    assert tree.match_partial([1, 2, 3, 4, 5, 6], [0], 6) == (-1, 0)
+    assert tree.match_partial([1, 2, 3, 4, 5, 6], [0]) == (-1, 0)
     pool.free([1, 3])  # queue 0, 2, 3, 1
     finished(mgr, [1, 2, 3, 4, 5])  # revives 0, takes block 2 (evicting the (9, 9) leaf): leaf (5,)
     assert set(tree.by_block) == {0, 2} and tree.by_block[2].key == (5,) and tree.by_block[2].parent.block == 0
@@ -219,14 +215,16 @@ def test_non_aligned_prefix_reused_and_shared_block_never_written(tiny_llm):
     assert_no_leaks(eng)
 
 
-def test_generated_rows_are_not_copied_as_prompt_rows(tiny_llm):
+def test_generated_rows_are_reused_as_prompt_rows(tiny_llm):
     rng = np.random.default_rng(6)
     prompt = [1] + rng.integers(3, 500, 19).tolist()  # 20 tokens: block 1 holds 4 prompt rows, then outputs
     eng = make_engine(tiny_llm)
     (a,) = run(eng, [prompt], 8)
     follow = prompt + a.output_ids[:6] + [7, 8]  # a chat-like follow-up that repeats the answer
     (b,) = run(eng, [follow], 6)
-    assert b.output().metrics["cached_tokens"] == 20  # rows 16-19 copied; the answer is recomputed as prompt
+    # rows 16-25 copied: the prompt's last 4 and the 6 answer tokens, computed as decode rows; a cold run computes
+    # them as prompt rows, with the same K/V bit for bit
+    assert b.output().metrics["cached_tokens"] == 26
     assert (b.output_ids, b.logprobs) == cold(tiny_llm, follow, 6)
     assert_no_leaks(eng)
 

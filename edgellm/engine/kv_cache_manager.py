@@ -76,7 +76,7 @@ class KVCacheManager:
         disk, missed = self._disk_extension(req, blocks)
         if disk:
             return self._hit(blocks, disk=disk, missed=missed)
-        src, n = self.prefix.match_partial(ids[:len(ids) - 1], blocks, req.prompt_rows)
+        src, n = self.prefix.match_partial(ids[:len(ids) - 1], blocks)
         if n and self._can_copy(src, blocks, len(blocks) * self.bs + n):
             return self._hit(blocks, src, n, missed=missed)
         return self._hit(blocks, missed=missed)
@@ -118,7 +118,7 @@ class KVCacheManager:
         if table and cache:
             if self.disk is not None:
                 self._save(req, table)
-            self.prefix.insert(req.all_ids[:req.n_computed], table, req.prompt_rows)
+            self.prefix.insert(req.all_ids[:req.n_computed], table)
         self.pool.free(table)
 
     def trim(self, req, n_tokens: int) -> list[int]:
@@ -203,22 +203,12 @@ class KVCacheManager:
         return got
 
     # -- the prompt cache on disk ------------------------------------------------------------------------------
-    def _prompt_blocks(self, req, blocks, end: int) -> int:
-        """Leading full blocks of req's first `end` tokens (held in `blocks` first) whose rows, and all rows
-        before, are prompt rows."""
-        n = min(end, req.prompt_rows) // self.bs
-        for i, b in enumerate(blocks[:n]):
-            node = self.prefix.by_block.get(b)
-            if node is not None and node.prompt_rows < self.bs:  # reused rows computed as decode rows
-                return i
-        return n
-
     def _disk_extension(self, req, blocks: list[int]) -> tuple[tuple[str, ...], int]:
         """(hashes of the blocks on disk that extend the tree's match `blocks`: as many as have the window K/V
-        the next query needs and slots to put it in, prompt blocks left to compute); lookup: no side effects."""
+        the next query needs and slots to put it in, full blocks left to compute); lookup: no side effects."""
         if self.disk is None:
             return (), 0
-        m, limit = len(blocks), self._prompt_blocks(req, blocks, len(req.all_ids) - 1)
+        m, limit = len(blocks), (len(req.all_ids) - 1) // self.bs
         if limit <= m:
             return (), 0
         hashes = block_hashes(req.all_ids, limit, self.bs)
@@ -263,12 +253,13 @@ class KVCacheManager:
                 raise RuntimeError("no sliding-window slots for restored blocks after allocate checked")
         for b, rows in zip(table[m:n], loaded):
             self.kv.import_block(b, rows)
-        self.prefix.insert(req.all_ids[:n * self.bs], table[:n], n * self.bs)
+        self.prefix.insert(req.all_ids[:n * self.bs], table[:n])
         self.disk.touch(block_hashes(req.all_ids, n, self.bs))
 
     def _save(self, req, table: list[int]) -> None:
-        """Queue req's computed prompt blocks that the disk lacks (free(): their rows are still in place)."""
-        n = min(self._prompt_blocks(req, table, req.n_computed), len(table))
+        """Queue req's computed full blocks that the disk lacks (free(): their rows are still in place); blocks of
+        generated tokens too (a chat's next turn repeats the answer)."""
+        n = min(req.n_computed // self.bs, len(table))
         ids = req.all_ids
         todo = [(h, ids[i * self.bs:(i + 1) * self.bs], table[i]) for i, h in enumerate(block_hashes(ids, n, self.bs))
                 if self.disk.wants(h, self.windows is None or self.windows.holds(table[i]))]

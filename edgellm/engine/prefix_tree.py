@@ -13,19 +13,19 @@ handed to a request as is: `match_partial` finds, after the longest run of full 
 matched node (partial leaves and full blocks alike) with the longest common prefix with the request's next
 tokens, and the KV cache manager copies those rows into a fresh block of the request (copy-on-write).
 
-Batch invariance: rows computed as decode rows (generated tokens) have K/V that differ in the last bits from
-the same tokens computed as prompt rows (see Request.prompt_rows), so a copy stops where the row kinds of the
-source and of the new request differ; every copied row then equals what the request would compute itself.
+Batch invariance: a row's K/V depends only on its sequence's tokens up to it, never on how it was computed (a
+prompt row in a chunk of any size, a generated token fed back, a cache hit: kernels_cpu.attention sums every
+row in one order), so a block of generated tokens is reused like a prompt's (a chat's next turn repeats the
+last answer) and every reused row equals what the request would compute itself.
 """
 from __future__ import annotations
 
 
 class Node:
-    __slots__ = ("key", "block", "children", "parent", "prompt_rows")
+    __slots__ = ("key", "block", "children", "parent")
 
-    def __init__(self, key: tuple, block: int, parent: "Node | None", prompt_rows: int = 0):
+    def __init__(self, key: tuple, block: int, parent: "Node | None"):
         self.key, self.block, self.parent = key, block, parent
-        self.prompt_rows = prompt_rows  # leading rows of the block that were computed as prompt rows
         self.children: dict[tuple, Node] = {}
 
 
@@ -50,25 +50,22 @@ class PrefixTree:
         """Block ids caching the longest run of full blocks that prefixes `ids`."""
         return [n.block for n in self._walk(ids, max_blocks)]
 
-    def match_partial(self, ids: list[int], blocks: list[int], prompt_rows: int = 0) -> tuple[int, int]:
+    def match_partial(self, ids: list[int], blocks: list[int]) -> tuple[int, int]:
         """(block, n): the cached block whose first n > 0 rows hold ids[len(blocks) * bs:][:n], for the longest
-        such n < block_size whose row kinds agree (rows < prompt_rows are prompt rows); (-1, 0) if none.
-        `blocks` must be a full-block match of ids."""
+        such n < block_size; (-1, 0) if none. `blocks` must be a full-block match of ids."""
         node = self.by_block[blocks[-1]] if blocks else self.root
         start = len(blocks) * self.bs
-        rest, mine = ids[start:start + self.bs - 1], min(max(prompt_rows - start, 0), self.bs)
+        rest = ids[start:start + self.bs - 1]
         best = (-1, 0)
         for child in node.children.values():
             n = _common(child.key, rest)
-            if child.prompt_rows != mine:  # row kinds agree on rows < min of the two boundaries only
-                n = min(n, child.prompt_rows, mine)
             if n > best[1]:
                 best = (child.block, n)
         return best
 
-    def insert(self, ids: list[int], blocks: list[int], prompt_rows: int = 0) -> set[int]:
+    def insert(self, ids: list[int], blocks: list[int]) -> set[int]:
         """Record that blocks[i] holds the K/V of ids' i-th block (the last one may be partly filled: a partial
-        leaf); rows < prompt_rows were computed as prompt rows."""
+        leaf)."""
         node = self.root
         for i in range(min(-(-len(ids) // self.bs), len(blocks))):
             key = tuple(ids[i * self.bs:(i + 1) * self.bs])
@@ -76,8 +73,7 @@ class PrefixTree:
             if child is None:
                 if blocks[i] in self.by_block:  # block already caches another path (cannot happen twice)
                     break
-                rows = min(max(prompt_rows - i * self.bs, 0), self.bs)
-                child = Node(key, blocks[i], node, rows)
+                child = Node(key, blocks[i], node)
                 node.children[key] = child
                 self.by_block[blocks[i]] = child
             if child.block != blocks[i]:

@@ -97,12 +97,6 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     @property
-    def prompt_rows(self) -> int:
-        """Positions computed as prompt rows; later ones (generated tokens, or a lone prompt token) run as decode
-        rows, whose attention sums in llama.cpp's one-token order (their K/V differ in the last bits)."""
-        return len(self.prompt_ids) if len(self.prompt_ids) > 1 else 0
-
-    @property
     def n_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
