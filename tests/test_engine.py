@@ -108,8 +108,18 @@ def test_preemption_keeps_outputs(tiny_llm):
     prompts = [[1] + rng.integers(3, 500, 40).tolist() for _ in range(4)]
     eng = make_engine(tiny_llm, 160)  # 10 blocks: 4 requests of 40 + 40 tokens cannot all stay
     eng.scheduler.output_estimate = 1  # admit optimistically so that running requests must be preempted
+    schedule, chunks = eng.scheduler.schedule, []
+
+    def watched():
+        items = schedule()
+        # generated tokens each item computes (recomputed after a preemption, or the next one)
+        chunks.extend(it.request.n_computed + it.n_new - max(it.request.n_computed, len(it.request.prompt_ids))
+                      for it in items)
+        return items
+    eng.scheduler.schedule = watched
     outs = run_all(eng, [eng.add_request(p, SamplingParams(max_tokens=40, **GREEDY)) for p in prompts])
     assert eng.scheduler.preemptions > 0
+    assert max(chunks) > 1  # a preempted request recomputed its generated tokens in chunks, not one per step
     for p, o in zip(prompts, outs):
         assert o.token_ids == alone(tiny_llm, p, 40)
     assert_no_leaks(eng)

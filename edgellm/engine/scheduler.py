@@ -186,12 +186,14 @@ class Scheduler:
         return min(req.max_len, req.n_tokens + min(left, self.output_estimate))
 
     def _next_end(self, req: Request, budget: int, start: int) -> int:
-        """End position of req's work this step, from `start` computed tokens. Tokens past the prompt
-        (generated ones, also when recomputed after a preemption) run one per step through the decode path,
-        exactly as they first ran, so preemption does not change results; prompt tokens run in fixed chunks
-        (multiples of `chunk`: batch-invariant splits), and only when the whole chunk fits the budget."""
-        total = len(req.prompt_ids)
-        if start >= total:
+        """End position of req's work this step, from `start` computed tokens. A request caught up with its
+        tokens runs the next one; known tokens (the prompt, and after a preemption the generated ones too) run
+        in fixed chunks (multiples of `chunk`), and only when the whole chunk fits the budget. A row's result
+        does not depend on how its tokens were cut into steps (kernels_cpu: per-row arithmetic whatever the
+        rows of a call), so a preempted request recomputes its answer in chunks and still gets the same
+        tokens."""
+        total = req.n_tokens
+        if start >= total - 1:
             return start + 1
         end = min(total, (start // self.chunk + 1) * self.chunk)
         return start if end - start > budget else end
