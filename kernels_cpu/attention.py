@@ -9,11 +9,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels_cpu._jit import jit
 from kernels_cpu.attention_kernel import _paged_attention, _paged_attention_split
 from kernels_cpu.attention_q8 import Q8Cache
 from kernels_cpu.parallel import parallel_for
 
 _NO_SINKS = np.zeros(0, np.float32)
+_ROW_ERRORS = {1: "negative position or row_seq out of range", 2: "position beyond the block table",
+               3: "sequence {seq}: block id out of range"}
+
+
+@jit
+def _check_rows(positions, row_seq, block_tables, NB, BS):
+    # (0, 0) when every row's position and sequence are in range and every block a row can touch (0 .. its
+    # position's block) is a block id < NB; else (a key of _ROW_ERRORS, the first bad sequence for key 3)
+    S, MB = block_tables.shape
+    last = np.full(S, -1, np.int64)  # per sequence: its rows' last block index
+    for t in range(len(positions)):
+        p, q = positions[t], row_seq[t]
+        if p < 0 or q < 0 or q >= S:
+            return 1, 0
+        if p // BS >= MB:
+            return 2, 0
+        last[q] = max(last[q], p // BS)
+    for q in range(S):
+        for b in range(last[q] + 1):
+            if block_tables[q, b] < 0 or block_tables[q, b] >= NB:
+                return 3, q
+    return 0, 0
 
 
 def _flat(cache):
@@ -49,18 +72,9 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     block_tables = np.ascontiguousarray(block_tables, dtype=np.int64)
     if len(positions) != T or len(row_seq) != T:
         raise ValueError("positions/row_seq must have one entry per query row")
-    if T:
-        if positions.min() < 0 or row_seq.min() < 0 or row_seq.max() >= len(block_tables):
-            raise ValueError("negative position or row_seq out of range")
-        if positions.max() // BS >= block_tables.shape[1]:
-            raise ValueError("position beyond the block table")
-        # every block a row can touch must be a valid block id
-        last = np.full(len(block_tables), -1, np.int64)  # per sequence: its rows' last block index
-        np.maximum.at(last, row_seq, positions // BS)
-        touched = np.arange(block_tables.shape[1]) <= last[:, None]
-        bad = touched & ((block_tables < 0) | (block_tables >= NB))
-        if bad.any():
-            raise ValueError(f"sequence {int(np.nonzero(bad.any(axis=1))[0][0])}: block id out of range")
+    bad, seq = _check_rows(positions, row_seq, block_tables, NB, BS)
+    if bad:
+        raise ValueError(_ROW_ERRORS[bad].format(seq=seq))
     sinks = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
     if sinks.shape not in ((0,), (H,)):
         raise ValueError(f"sinks must have shape ({H},), got {sinks.shape}")
@@ -77,7 +91,7 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  _flat(kcache), _flat(vcache), dims,
                  positions, row_seq, block_tables, int(window), np.float32(scale), np.float32(softcap), sinks,
-                 cost=np.repeat(ctx + 16, KVH), split=_paged_attention_split)
+                 cost=None if T == 1 else np.repeat(ctx + 16, KVH), split=_paged_attention_split)
     return out
 
 

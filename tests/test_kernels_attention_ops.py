@@ -159,6 +159,10 @@ def test_attention_rejects_bad_block_table():
         paged_attention(q2, kc, kc, np.array([3, 20]), np.array([0, 1]), tables, scale=1.0)
     with pytest.raises(ValueError, match="sequence 0"):
         paged_attention(q2, kc, kc, np.array([20, 5]), np.array([0, 1]), tables, scale=1.0)
+    with pytest.raises(ValueError, match="negative position or row_seq"):
+        paged_attention(q2, kc, kc, np.array([3, -1]), np.array([0, 1]), tables, scale=1.0)
+    with pytest.raises(ValueError, match="negative position or row_seq"):
+        paged_attention(q2, kc, kc, np.array([3, 5]), np.array([0, 2]), tables, scale=1.0)
 
 
 def test_rmsnorm():
