@@ -390,7 +390,9 @@ def test_bad_cache_files_give_one_warning_and_the_cold_output(tiny, tiny_model, 
         other = LLM(tiny_model("gemma3", seed=1), ctx_size=512, progress=False)
         run(other, prompts, tmp_path / "other")
         theirs = {p.name: p for p in files(tmp_path / "other")}
-        for p in paths:
+        shared = [p for p in paths if p.name in theirs]  # the prompts' blocks (the answers differ: other names)
+        assert len(shared) >= len(paths) // 2
+        for p in shared:
             shutil.copy(theirs[p.name], p)
         shutil.rmtree(tmp_path / "other")
     else:
