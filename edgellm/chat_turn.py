@@ -41,6 +41,7 @@ class TurnStream:
     def __init__(self, turn: "ChatTurn"):
         self.split = make_splitter(turn.reasoning) if turn.reasoning else None
         self.calls = ToolCallStream(turn.family) if turn.choice.mode != "none" else None
+        self.whole = turn.family.whole_output  # the calls' parser reads the raw output (harmony)
         self.reasoning: str | None = None
         self.content = ""
 
@@ -52,7 +53,7 @@ class TurnStream:
             self.reasoning = (self.reasoning or "") + thought
             out.append({"reasoning_content": thought})
         if self.calls is not None:
-            out += self.calls.feed(text, final=final)
+            out += self.calls.feed(piece if self.whole else text, final=final)
         elif text:
             self.content += text
             out.append({"content": text})
