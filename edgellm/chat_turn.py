@@ -107,15 +107,13 @@ class ChatTurn:
         """A copy of params with this turn's constraint (the tools' grammar, or the params' own json_schema /
         grammar, after the thinking and its budget for a reasoning model)."""
         p = copy.copy(params)
-        if self.grammar is not None and p.compiled_grammar is not None:
+        if self.choice.mode != "none" and p.compiled_grammar is not None:
             raise InvalidRequestError("give tools or a response format / grammar, not both")
         inner = self.grammar if self.grammar is not None else p.compiled_grammar
         fmt = FORMATS[self.reasoning.format] if self.reasoning is not None else None
-        if fmt is not None and not fmt.phased and inner is not None:  # it would bind the thinking's first token
-            raise InvalidRequestError("tools, a response format or a grammar cannot constrain the answer of a "
-                                      f"{self.reasoning.format} reasoning model yet")
-        if fmt is not None and fmt.phased and (inner is not None or self.reasoning.budget is not None):
-            p.compiled_grammar = ReasoningGrammar(self.reasoning, inner)
+        if fmt is not None and (inner is not None or self.reasoning.budget is not None):
+            # the answer may be a call (its grammar writes its own header) unless tools are off
+            p.compiled_grammar = ReasoningGrammar(self.reasoning, inner, header=self.choice.mode == "none")
         else:
             p.compiled_grammar = inner
         if self.choice.mode != "none" or (fmt is not None and fmt.special_tokens):

@@ -98,7 +98,7 @@ def test_harmony_template_mode_and_effort():
 
     from edgellm.chat_template import ChatTemplate
     from edgellm.chat_turn import ChatTurn
-    from edgellm.errors import InvalidRequestError
+    from edgellm.reasoning import ReasoningGrammar
     from edgellm.sampling import SamplingParams
 
     src = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
@@ -110,8 +110,9 @@ def test_harmony_template_mode_and_effort():
     assert turn.reasoning.format == "harmony" and turn.reasoning.start == "header"
     p = turn.sampling(SamplingParams(max_tokens=5))
     assert p.skip_special_tokens is False and p.compiled_grammar is None
-    with pytest.raises(InvalidRequestError, match="harmony"):  # a constraint would bind the analysis channel
-        turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA))
+    g = turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA)).compiled_grammar
+    assert isinstance(g, ReasoningGrammar) and g.header and g.mode.budget is None  # the schema binds the final channel
+    assert ChatTurn(fake, USER, reasoning_effort=7).reasoning.budget == 7
     r = turn.result(HARMONY, "stop")
     assert (r.reasoning_content, r.content) == ("User wants 1+1 <2.", "2")
     assert "Reasoning: medium" in ChatTurn(fake, USER).prompt  # the template's default
