@@ -31,7 +31,8 @@ TOOLS = [WEATHER, TIME]
 USER = [{"role": "user", "content": "Weather in Oslo?"}]
 THOUGHT = "The user wants the weather; call get_weather."
 ARGS = '{"city": "Oslo", "unit": "c"}'
-ANALYSIS = f"<|channel|>analysis<|message|>{THOUGHT}<|end|>"
+OPENER = "<|channel|>analysis<|message|>"
+ANALYSIS = f"{OPENER}{THOUGHT}<|end|>"
 CALL = f"<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}<|call|>"
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                             "maximum": 9}},
@@ -183,6 +184,9 @@ def test_required_and_named_calls_are_forced_after_free_analysis(llm, script):
     r = llm.chat(USER, params(), tools=TOOLS, tool_choice=named)
     assert r.reasoning_content == THOUGHT and [c["function"]["name"] for c in r.tool_calls] == ["get_time"]
     assert json.loads(r.tool_calls[0]["function"]["arguments"]) == {}
+    cut = llm.chat(USER, params(), tools=TOOLS, tool_choice=named, reasoning_effort=4)  # the budget, then the call
+    assert cut.reasoning_content == llm.detokenize(script.ids[len(llm.tokenize(OPENER)):][:4])
+    assert [c["function"]["name"] for c in cut.tool_calls] == ["get_time"] and cut.finish_reason == "tool_calls"
 
 
 def test_json_schema_binds_only_the_final_channel(llm, script):
@@ -195,14 +199,14 @@ def test_json_schema_binds_only_the_final_channel(llm, script):
 
 def test_budget_ends_the_analysis_with_the_final_header(llm, script):
     long = " ".join(["thinking"] * 40)
-    script.set(USER, "<|channel|>analysis<|message|>" + long, special=True)  # never ends by itself
-    opener = len(llm.tokenize("<|channel|>analysis<|message|>"))
+    script.set(USER, OPENER + long, special=True)  # never ends by itself
+    opener = len(llm.tokenize(OPENER))
     r = llm.chat(USER, params(json_schema=SCHEMA), reasoning_effort=6)
     assert r.reasoning_content == llm.detokenize(script.ids[opener:opener + 6])
     assert "<|end|><|start|>assistant<|channel|>final<|message|>" in r.output.text
     jsonschema.validate(json.loads(r.content), SCHEMA)
     free = llm.chat(USER, params(), reasoning_effort=0)  # no schema: the budget alone still cuts
-    assert free.output.text.startswith("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final")
+    assert free.output.text.startswith(OPENER + "<|end|><|start|>assistant<|channel|>final<|message|>")
     from edgellm.chat_turn import ChatTurn
 
     assert "Reasoning: low" in ChatTurn(llm, USER, reasoning_effort="low").prompt
