@@ -11,7 +11,8 @@ from edgellm.errors import InvalidRequestError
 from edgellm.reasoning import FORMATS, ReasoningGrammar, make_splitter, reasoning_mode
 from edgellm.sampling import SamplingParams
 from edgellm.tool_calls import GENERIC, ToolCallStream, family_for_template
-from edgellm.tool_prompt import check_choice, check_tools, generic_messages, has_tool_history, native_messages
+from edgellm.tool_prompt import (check_choice, check_tools, generic_messages, has_tool_history, native_messages,
+                                 native_tools)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class ChatTurn:
         if self.native:
             messages = native_messages(messages, self.family)
             if active:
-                extra["tools"] = self.tools
+                extra["tools"] = native_tools(self.tools, self.family)
         elif active or has_tool_history(messages):
             messages = generic_messages(messages, self.tools if active else [])
         self.prompt = llm.render_chat(messages, add_generation_prompt=True, **extra)

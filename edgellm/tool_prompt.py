@@ -5,10 +5,11 @@ A template that reads the `tools` variable (Qwen, Hermes, Llama 3.x, Mistral, ..
 transformers passes them (assistant `tool_calls` with their arguments as objects, `tool` messages with their
 `tool_call_id`), as llama.cpp's --jinja does (gpt-oss's harmony template renders one call per assistant message and
 names a tool result by the call before it: each call becomes its own message, followed by its result, and the
-reasoning of a call's turn its `thinking`). A template that knows nothing of tools (Gemma, Phi-3, a base model's)
-gets the generic rendering, as llama.cpp's generic handler does: the tools and the answer format
-(`{"tool_calls": [{"name", "arguments"}]}`) in the system message, past calls as that JSON in the assistant's turn,
-tool results as user turns, and consecutive turns of one role merged (such templates insist on alternation).
+reasoning of a call's turn its `thinking`; it also writes every tool's description, so one without gets ""). A
+template that knows nothing of tools (Gemma, Phi-3, a base model's) gets the generic rendering, as llama.cpp's
+generic handler does: the tools and the answer format (`{"tool_calls": [{"name", "arguments"}]}`) in the system
+message, past calls as that JSON in the assistant's turn, tool results as user turns, and consecutive turns of one
+role merged (such templates insist on alternation).
 """
 from __future__ import annotations
 
@@ -163,7 +164,17 @@ def _harmony_history(messages: list[dict]) -> list[dict]:
     return out
 
 
+def native_tools(tools: list[dict], fam: ToolFamily) -> list[dict]:
+    """The tools as the family's template reads them (gpt-oss's writes every function's description)."""
+    return TOOL_SHAPES[fam.shape](tools) if fam.shape in TOOL_SHAPES else tools
+
+
+def _described(tools: list[dict]) -> list[dict]:
+    return [{**t, "function": {"description": "", **t["function"]}} for t in tools]
+
+
 HISTORY = {"harmony": _harmony_history}  # families whose templates want the history reshaped
+TOOL_SHAPES = {"harmony": _described}  # families whose templates want more of each tool than OpenAI requires
 
 
 def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:

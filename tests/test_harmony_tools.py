@@ -107,6 +107,8 @@ def test_family_and_rendering_of_tools_and_history():
             + "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
             + '<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>"12:00"<|end|>') in prompt
     assert prompt.endswith("<|start|>assistant")
+    bare = [{"type": "function", "function": {"name": "ping"}}]  # OpenAI's tools need no description
+    assert "type ping = () => any;" in ChatTurn(llm, USER, tools=bare).prompt
     _, calls = parse_output(weather[len("<|start|>assistant"):], HARMONY)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
         [("get_weather", json.loads(ARGS))]
