@@ -11,7 +11,8 @@ from edgellm.errors import InvalidRequestError
 from edgellm.reasoning import FORMATS, ReasoningGrammar, make_splitter, reasoning_mode
 from edgellm.sampling import SamplingParams
 from edgellm.tool_calls import GENERIC, ToolCallStream, family_for_template
-from edgellm.tool_prompt import check_choice, check_tools, generic_messages, has_tool_history, native_messages
+from edgellm.tool_prompt import (check_choice, check_tools, generic_messages, has_tool_history, native_messages,
+                                 native_tools)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class TurnStream:
     def __init__(self, turn: "ChatTurn"):
         self.split = make_splitter(turn.reasoning) if turn.reasoning else None
         self.calls = ToolCallStream(turn.family) if turn.choice.mode != "none" else None
+        self.whole = turn.family.whole_output  # the calls' parser reads the raw output (harmony)
         self.reasoning: str | None = None
         self.content = ""
 
@@ -52,7 +54,7 @@ class TurnStream:
             self.reasoning = (self.reasoning or "") + thought
             out.append({"reasoning_content": thought})
         if self.calls is not None:
-            out += self.calls.feed(text, final=final)
+            out += self.calls.feed(piece if self.whole else text, final=final)
         elif text:
             self.content += text
             out.append({"content": text})
@@ -90,7 +92,7 @@ class ChatTurn:
         if self.native:
             messages = native_messages(messages, self.family)
             if active:
-                extra["tools"] = self.tools
+                extra["tools"] = native_tools(self.tools, self.family)
         elif active or has_tool_history(messages):
             messages = generic_messages(messages, self.tools if active else [])
         self.prompt = llm.render_chat(messages, add_generation_prompt=True, **extra)
@@ -106,15 +108,13 @@ class ChatTurn:
         """A copy of params with this turn's constraint (the tools' grammar, or the params' own json_schema /
         grammar, after the thinking and its budget for a reasoning model)."""
         p = copy.copy(params)
-        if self.grammar is not None and p.compiled_grammar is not None:
+        if self.choice.mode != "none" and p.compiled_grammar is not None:
             raise InvalidRequestError("give tools or a response format / grammar, not both")
         inner = self.grammar if self.grammar is not None else p.compiled_grammar
         fmt = FORMATS[self.reasoning.format] if self.reasoning is not None else None
-        if fmt is not None and not fmt.phased and inner is not None:  # it would bind the thinking's first token
-            raise InvalidRequestError("tools, a response format or a grammar cannot constrain the answer of a "
-                                      f"{self.reasoning.format} reasoning model yet")
-        if fmt is not None and fmt.phased and (inner is not None or self.reasoning.budget is not None):
-            p.compiled_grammar = ReasoningGrammar(self.reasoning, inner)
+        if fmt is not None and (inner is not None or self.reasoning.budget is not None):
+            # the answer may be a call (its grammar writes its own header) unless tools are off
+            p.compiled_grammar = ReasoningGrammar(self.reasoning, inner, header=self.choice.mode == "none")
         else:
             p.compiled_grammar = inner
         if self.choice.mode != "none" or (fmt is not None and fmt.special_tokens):

@@ -1,7 +1,7 @@
 """Reasoning models (`<think>...</think>`, as DeepSeek-R1 distills and Qwen3 write them): the thinking split from
 the answer, a budget that ends the thinking by inserting the closing tag, and structured output that starts after it.
 Other ways of writing the thinking are entries of FORMATS (read off the chat template): "harmony" (gpt-oss's
-analysis channel, edgellm/harmony.py) splits the same way but has no budget or phased constraint yet.
+analysis channel, edgellm/harmony.py), whose budget and phases work the same way with its own tags (`Marks`).
 
 A template that writes `<think>` marks a reasoning model. The rendered prompt tells how its output begins
 (`ReasoningMode.start`): "open" when the prompt ends inside `<think>` (R1 distills add it to the generation prompt),
@@ -12,7 +12,9 @@ the tags dropped, partial tags held back), the same streamed or not.
 `ReasoningGrammar` is a compiled constraint for SamplingParams.compiled_grammar whose matcher runs in phases: force
 the opening tag (start "maybe" with a budget or a constraint), think freely, force the closing tag once the budget
 is spent, then hand the answer to the inner constraint (a JSON schema, tool calls) if any. So a schema never blocks
-the model's `</think>`.
+the model's `</think>`. For harmony the tags are the analysis channel's header, its `<|end|>` and the next message's
+`<|start|>assistant`; the answer's header (`<|channel|>final<|message|>`) is forced before a response format,
+while a tool-call grammar writes its own (`<|channel|>commentary to=functions.NAME ...`).
 """
 from __future__ import annotations
 
@@ -67,6 +69,13 @@ def reasoning_mode(template_source: str | None, prompt: str, effort=None) -> Rea
 def make_splitter(mode: ReasoningMode):
     """The output splitter of a reasoning turn: .feed(piece, final=) -> (reasoning delta, content delta)."""
     return FORMATS[mode.format].splitter(mode.start)
+
+
+def _harmony_mode(prompt: str, effort) -> ReasoningMode:
+    """gpt-oss: a level goes into the template's system message ("Reasoning: low"), not a budget; a token count (or
+    "none" / "minimal": 0) is a budget of analysis tokens."""
+    budget = budget_tokens(effort)
+    return ReasoningMode("header", budget if isinstance(effort, int) or budget == 0 else None, format="harmony")
 
 
 def _think_mode(prompt: str, effort) -> ReasoningMode | None:
@@ -134,23 +143,47 @@ class ReasoningSplitter:
         return text.rstrip(_WS) if final else text
 
 
+def _think_tail(thought: str) -> str:
+    return CLOSE + "\n\n" if not thought or thought.endswith("\n") else "\n" + CLOSE + "\n\n"
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The texts the phased matcher forces or watches for: opener (forced unless the prompt opened the thinking),
+    closer (the model ends its thinking by writing it), tail(thought so far) (forced when the budget is spent),
+    after_close (forced after the model's own closer), header (forced before an answer whose constraint does not
+    write its own)."""
+
+    opener: str
+    closer: str
+    tail: Callable[[str], str]
+    after_close: str = ""
+    header: str = ""
+
+
 @dataclass(frozen=True)
 class ReasoningFormat:
     """One way reasoning models write their thinking: detect(template source) says a template uses it, mode(prompt,
-    effort) gives the turn's ReasoningMode (or None), splitter(start) splits the output; phased: ReasoningGrammar
-    (budget, a constraint after the thinking) applies; special_tokens: the output text must keep special tokens."""
+    effort) gives the turn's ReasoningMode (or None), splitter(start) splits the output, marks drive
+    ReasoningGrammar (budget, a constraint after the thinking); special_tokens: the output text must keep special
+    tokens."""
 
     detect: Callable[[str], bool]
     mode: Callable[[str, object], ReasoningMode | None]
     splitter: Callable[[str], object]
-    phased: bool = True
+    marks: Marks
     special_tokens: bool = False
 
 
+_ANSWER = harmony.START + "assistant"
 FORMATS: dict[str, ReasoningFormat] = {  # checked in this order
-    "harmony": ReasoningFormat(harmony.is_harmony, lambda prompt, effort: ReasoningMode("header", format="harmony"),
-                               harmony.HarmonySplitter, phased=False, special_tokens=True),
-    "think": ReasoningFormat(lambda src: OPEN in src, _think_mode, ReasoningSplitter),
+    "harmony": ReasoningFormat(
+        harmony.is_harmony, _harmony_mode, harmony.HarmonySplitter,
+        Marks(harmony.CHANNEL + "analysis" + harmony.MESSAGE, harmony.ENDS[0], lambda t: harmony.ENDS[0] + _ANSWER,
+              after_close=_ANSWER, header=harmony.CHANNEL + "final" + harmony.MESSAGE),
+        special_tokens=True),
+    "think": ReasoningFormat(lambda src: OPEN in src, _think_mode, ReasoningSplitter,
+                             Marks(OPEN + "\n", CLOSE, _think_tail)),
 }
 
 
@@ -158,10 +191,12 @@ FORMATS: dict[str, ReasoningFormat] = {  # checked in this order
 @dataclass
 class ReasoningGrammar:
     """A compiled constraint (SamplingParams.compiled_grammar) for a reasoning turn: `inner` (an llguidance grammar,
-    or None) applies to the answer after the thinking; `budget` caps the thinking tokens."""
+    or None) applies to the answer after the thinking; the mode's budget caps the thinking tokens; header: force the
+    format's answer header first (False when the answer may be a tool call, whose grammar writes its own)."""
 
     mode: ReasoningMode
     inner: object = None
+    header: bool = True
 
     def matcher(self, tokenizer) -> "ReasoningMatcher":
         return ReasoningMatcher(self, tokenizer)
@@ -174,21 +209,29 @@ class ReasoningMatcher:
         from edgellm.structured import make_matcher
 
         self.tok = tokenizer
+        self.marks = FORMATS[g.mode.format].marks
+        self.header = self.marks.header if g.header else ""
         self.budget = g.mode.budget
         self.inner = make_matcher(g.inner, tokenizer) if g.inner is not None else None
         self.forced: list[int] = []
         self.phase = "think"
-        if g.mode.start == "maybe":
-            self.forced = tokenizer.encode(OPEN + "\n", add_bos=False, special=True)
+        if g.mode.start != "open":
+            self.forced = self._ids(self.marks.opener)
         self.text = ""  # thinking text so far
         self.n_think = 0
         self._maybe_close()
 
+    def _ids(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_bos=False, special=True) if text else []
+
     def _maybe_close(self) -> None:
         if not self.forced and self.phase == "think" and self.budget is not None and self.n_think >= self.budget:
-            tail = CLOSE + "\n\n" if not self.text or self.text.endswith("\n") else "\n" + CLOSE + "\n\n"
-            self.forced = self.tok.encode(tail, add_bos=False, special=True)
-            self.phase = "closing"
+            self._close(self.marks.tail(self.text))
+
+    def _close(self, forced: str) -> None:
+        """End the thinking: force `forced` and the answer's header, then the answer."""
+        self.forced = self._ids(forced + self.header)
+        self.phase = "closing" if self.forced else "answer"
 
     def fill_mask(self) -> None:
         if self.phase == "answer" and not self.forced and self.inner is not None:
@@ -216,11 +259,12 @@ class ReasoningMatcher:
             return self.inner.accept(token) if self.inner is not None else False
         self.text += self.tok.token_to_piece(int(token)).decode("utf-8", "replace")
         self.n_think += 1
-        k = self.text.find(CLOSE)
+        k = self.text.find(self.marks.closer)
         if k >= 0:  # the model closed its thinking itself
-            self.phase = "answer"
-            rest = self.text[k + len(CLOSE):].lstrip(_WS)
-            if rest and self.inner is not None:  # the closing token carried answer text: the constraint sees it
+            self._close(self.marks.after_close)
+            rest = self.text[k + len(self.marks.closer):].lstrip(_WS)
+            if rest and self.inner is not None and self.phase == "answer":
+                # the closing token carried answer text: the constraint sees it
                 for t in self.tok.encode(rest, add_bos=False, special=False):
                     if self.inner.accept(t):
                         return True

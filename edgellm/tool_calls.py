@@ -5,8 +5,9 @@ A family says how its models write calls (`ToolFamily`): Hermes 2/3, Qwen2.5 and
 ``<tool_call>...</tool_call>``; Llama 3.1-3.3 answer with a bare JSON object ``{"name", "parameters"}`` (or
 ``<|python_tag|>`` then the object, or a built-in ``tool.call(k="v")``); Mistral writes ``[TOOL_CALLS]`` then a JSON
 array of calls; the generic format (models whose template knows no tools, see tool_prompt.py) is one JSON object
-``{"tool_calls": [{"name", "arguments"}, ...]}``. The family is read off the chat template's text (`FAMILIES`, in
-order; `family_for_template`).
+``{"tool_calls": [{"name", "arguments"}, ...]}``; gpt-oss writes harmony messages addressed ``to=functions.NAME``
+(edgellm/harmony.py reads them, from the whole output: its calls follow the analysis channel). The family is read
+off the chat template's text (`FAMILIES`, in order; `family_for_template`).
 
 `parse(text, family, final=)` splits an output into content and calls. On a partial text (final=False) it holds
 back what may still turn into a call (a prefix of the opener, a JSON object that has not closed yet, trailing
@@ -23,6 +24,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Callable
 
+from edgellm import harmony
+
 _WS = " \t\r\n"
 
 
@@ -32,8 +35,10 @@ class ToolFamily:
 
     shape: "tagged" (opener, one object, closer; repeated anywhere), "array" (opener or bare start, then a JSON array
     of call objects), "objects" (opener or bare start, then call objects separated by ';'), "wrapped" (a bare JSON
-    object whose `wrapper` key holds the array of calls). bare: a call section may also start the message without
-    the opener, at its first non-blank character (the opener is often a control token the text does not show)."""
+    object whose `wrapper` key holds the array of calls), "harmony" (messages addressed to a function, one call
+    each). bare: a call section may also start the message without the opener, at its first non-blank character
+    (the opener is often a control token the text does not show). whole_output: the parser reads the whole output,
+    reasoning included (it splits the reasoning off itself); else it reads the answer after the reasoning."""
 
     name: str
     markers: tuple[str, ...]  # any of these in a chat template's text selects the family
@@ -45,6 +50,7 @@ class ToolFamily:
     args_keys: tuple[str, ...] = ("arguments",)
     wrapper: str | None = None
     id_length: int | None = None  # Mistral's templates want 9 alphanumeric characters; None: "call_" + 24 hex
+    whole_output: bool = False
 
     @property
     def args_key(self) -> str:
@@ -61,6 +67,7 @@ class ToolFamily:
 
 FAMILIES: dict[str, ToolFamily] = {
     f.name: f for f in (
+        ToolFamily("harmony", ("<|call|>",), "harmony", whole_output=True),
         ToolFamily("hermes", ("<tool_call>",), "tagged", opener="<tool_call>", closer="</tool_call>"),
         ToolFamily("mistral", ("[TOOL_CALLS]",), "array", opener="[TOOL_CALLS]", bare=True, id_length=9),
         ToolFamily("llama3", ("<|python_tag|>", '"parameters": '), "objects", opener="<|python_tag|>", bare=True,
@@ -318,8 +325,17 @@ def _held_tail(seg: str, fam: ToolFamily, at_start: bool) -> int:
     return len(seg) - len(seg[:keep].rstrip(_WS))
 
 
+def _parse_harmony(text: str, fam: ToolFamily, *, final: bool) -> Parsed:
+    """Content and calls of a harmony output (its non-analysis messages; calls: messages to functions.*)."""
+    s = harmony.HarmonySplitter()
+    _, content = s.feed(text, final=final)
+    return Parsed(content, [ParsedCall(c.name, c.arguments, c.done) for c in s.calls])
+
+
 def parse(text: str, fam: ToolFamily, *, final: bool = True) -> Parsed:
     """Content and calls of a model output (see the module doc for what a partial text gives)."""
+    if fam.shape in PARSERS:
+        return PARSERS[fam.shape](text, fam, final=final)
     segments: list[str] = []
     calls: list[ParsedCall] = []
     pos = 0
@@ -353,6 +369,9 @@ def parse(text: str, fam: ToolFamily, *, final: bool = True) -> Parsed:
             break
         pos = end
     return Parsed(_join(segments, final), calls)
+
+
+PARSERS: dict[str, Callable[..., Parsed]] = {"harmony": _parse_harmony}  # shapes with a parser of their own
 
 
 def _join(segments: list, final: bool) -> str:

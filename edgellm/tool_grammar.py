@@ -13,18 +13,24 @@ from __future__ import annotations
 import json
 import re
 
+from edgellm import harmony
 from edgellm.structured import JSON_DEFAULTS, compile_lark
 from edgellm.tool_calls import ToolFamily
 from edgellm.tool_prompt import ToolChoice, ToolSpecError
 
 
+def arguments_schema(tool: dict) -> dict:
+    """The JSON schema of `tool`'s arguments, closed: a constrained call says only what the schema names."""
+    params = tool["function"]["parameters"]
+    if params.get("type") == "object" and "properties" in params and "additionalProperties" not in params:
+        params = {**params, "additionalProperties": False}
+    return params
+
+
 def call_schema(fam: ToolFamily, tool: dict) -> dict:
     """The JSON schema of one call object of `tool` in the family's keys (name first, then the arguments)."""
-    fn = tool["function"]
-    params = fn["parameters"]
-    if params.get("type") == "object" and "properties" in params and "additionalProperties" not in params:
-        params = {**params, "additionalProperties": False}  # a constrained call says only what the schema names
-    return {"type": "object", "properties": {fam.name_key: {"const": fn["name"]}, fam.args_key: params},
+    return {"type": "object", "properties": {fam.name_key: {"const": tool["function"]["name"]},
+                                             fam.args_key: arguments_schema(tool)},
             "required": [fam.name_key, fam.args_key], "additionalProperties": False}
 
 
@@ -48,10 +54,13 @@ def _not_containing(text: str) -> str:
 
 def tool_grammar(fam: ToolFamily, tools: list[dict], choice: ToolChoice, *, parallel: bool = True,
                  tokenizer=None) -> str | None:
-    """The validated llguidance grammar for this tool_choice (None for "none": nothing to constrain)."""
+    """The validated llguidance grammar for this tool_choice (None for "none", and harmony's "auto": nothing to
+    constrain)."""
     if choice.mode == "none" or not tools:
         return None
     chosen = [t for t in tools if choice.name in (None, t["function"]["name"])]
+    if fam.shape == "harmony":
+        return _compiled(_harmony_rules(chosen, tokenizer)) if choice.mode == "required" else None
     one = {"anyOf": [call_schema(fam, t) for t in chosen]} if len(chosen) > 1 else call_schema(fam, chosen[0])
     rules = [f"obj: {_json(one)}"]
     opened = fam.shape in ("tagged", "array")
@@ -83,7 +92,22 @@ def tool_grammar(fam: ToolFamily, tools: list[dict], choice: ToolChoice, *, para
         start = ["start: TEXT | TEXT calls", "TEXT: /(?s:.*)/"]
     else:
         start = ["start: TEXT | calls", r"TEXT: /([^{\[ \t\r\n](?s:.*))?/"]
+    return _compiled(start + rules)
+
+
+def _harmony_rules(tools: list[dict], tokenizer) -> list[str]:
+    """One harmony call message to one of `tools` (see the module doc)."""
+    ch, con, msg = (_marker(t, tokenizer) for t in (harmony.CHANNEL, harmony.CONSTRAIN, harmony.MESSAGE))
+    rules = ["start: " + " | ".join(f"call{i}" for i in range(len(tools)))]
+    for i, t in enumerate(tools):
+        head = json.dumps(f"commentary to={harmony.FUNCTIONS}{t['function']['name']} ")
+        rules.append(f'call{i}: {ch} {head} {con} "json" {msg} args{i}')
+        rules.append(f"args{i}: {_json(arguments_schema(t))}")
+    return rules
+
+
+def _compiled(rules: list[str]) -> str:
     try:
-        return compile_lark("\n".join(start + rules) + "\n")
+        return compile_lark("\n".join(rules) + "\n")
     except Exception as e:  # a schema llguidance cannot compile: the request's tools are at fault
         raise ToolSpecError(f"cannot constrain tool calls to these tools: {e}") from None

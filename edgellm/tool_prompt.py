@@ -3,10 +3,13 @@ results prepared for the model's chat template.
 
 A template that reads the `tools` variable (Qwen, Hermes, Llama 3.x, Mistral, ...) gets the tools and the history as
 transformers passes them (assistant `tool_calls` with their arguments as objects, `tool` messages with their
-`tool_call_id`), as llama.cpp's --jinja does. A template that knows nothing of tools (Gemma, Phi-3, a base model's)
-gets the generic rendering, as llama.cpp's generic handler does: the tools and the answer format
-(`{"tool_calls": [{"name", "arguments"}]}`) in the system message, past calls as that JSON in the assistant's turn,
-tool results as user turns, and consecutive turns of one role merged (such templates insist on alternation).
+`tool_call_id`), as llama.cpp's --jinja does (gpt-oss's harmony template renders one call per assistant message and
+names a tool result by the call before it: each call becomes its own message, followed by its result, and the
+reasoning of a call's turn its `thinking`; it also writes every tool's description, so one without gets ""). A
+template that knows nothing of tools (Gemma, Phi-3, a base model's) gets the generic rendering, as llama.cpp's
+generic handler does: the tools and the answer format (`{"tool_calls": [{"name", "arguments"}]}`) in the system
+message, past calls as that JSON in the assistant's turn, tool results as user turns, and consecutive turns of one
+role merged (such templates insist on alternation).
 """
 from __future__ import annotations
 
@@ -130,7 +133,48 @@ def native_messages(messages: list[dict], fam: ToolFamily) -> list[dict]:
         if fam.id_length and m.get("role") == "tool":
             m["tool_call_id"] = _short_id(m.get("tool_call_id"), fam.id_length)
         out.append(m)
+    return HISTORY[fam.shape](out) if fam.shape in HISTORY else out
+
+
+def _harmony_history(messages: list[dict]) -> list[dict]:
+    """Messages for gpt-oss's template (see the module doc)."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        calls = m.get("tool_calls") or []
+        if m.get("role") != "assistant" or not calls:
+            out.append(m)
+            continue
+        if m.get("reasoning_content") and not m.get("content"):
+            m = {**m, "thinking": m["reasoning_content"]}
+        results = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            results.append(messages[i])
+            i += 1
+        used: list[int] = []
+        for k, call in enumerate(calls):
+            out.append({**(m if k == 0 else {"role": "assistant", "content": ""}), "tool_calls": [call]})
+            ids = [j for j, r in enumerate(results) if r.get("tool_call_id") == call.get("id")] or [k]
+            j = next((j for j in ids if j < len(results) and j not in used), None)  # by id, else by position
+            if j is not None:
+                used.append(j)
+                out.append(results[j])
+        out += [r for j, r in enumerate(results) if j not in used]
     return out
+
+
+def native_tools(tools: list[dict], fam: ToolFamily) -> list[dict]:
+    """The tools as the family's template reads them (gpt-oss's writes every function's description)."""
+    return TOOL_SHAPES[fam.shape](tools) if fam.shape in TOOL_SHAPES else tools
+
+
+def _described(tools: list[dict]) -> list[dict]:
+    return [{**t, "function": {"description": "", **t["function"]}} for t in tools]
+
+
+HISTORY = {"harmony": _harmony_history}  # families whose templates want the history reshaped
+TOOL_SHAPES = {"harmony": _described}  # families whose templates want more of each tool than OpenAI requires
 
 
 def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:

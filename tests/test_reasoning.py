@@ -13,6 +13,7 @@ import llguidance  # noqa: F401,E402
 import openai  # noqa: E402
 
 from edgellm.reasoning import ReasoningSplitter, budget_tokens, reasoning_mode  # noqa: E402
+from script_stub import Script  # noqa: E402
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 # R1-distill style: the generation prompt opens the thinking; Qwen3 style: the model opens it itself
@@ -97,7 +98,7 @@ def test_harmony_template_mode_and_effort():
 
     from edgellm.chat_template import ChatTemplate
     from edgellm.chat_turn import ChatTurn
-    from edgellm.errors import InvalidRequestError
+    from edgellm.reasoning import ReasoningGrammar
     from edgellm.sampling import SamplingParams
 
     src = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
@@ -109,8 +110,9 @@ def test_harmony_template_mode_and_effort():
     assert turn.reasoning.format == "harmony" and turn.reasoning.start == "header"
     p = turn.sampling(SamplingParams(max_tokens=5))
     assert p.skip_special_tokens is False and p.compiled_grammar is None
-    with pytest.raises(InvalidRequestError, match="harmony"):  # a constraint would bind the analysis channel
-        turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA))
+    g = turn.sampling(SamplingParams(max_tokens=5, json_schema=SCHEMA)).compiled_grammar
+    assert isinstance(g, ReasoningGrammar) and g.header and g.mode.budget is None  # the schema binds the final channel
+    assert ChatTurn(fake, USER, reasoning_effort=7).reasoning.budget == 7
     r = turn.result(HARMONY, "stop")
     assert (r.reasoning_content, r.content) == ("User wants 1+1 <2.", "2")
     assert "Reasoning: medium" in ChatTurn(fake, USER).prompt  # the template's default
@@ -126,38 +128,6 @@ def tiny(tiny_model):
     llm = LLM(tiny_model("gemma3"), ctx_size=256, progress=False)
     yield llm
     llm.shutdown()
-
-
-class Script:
-    """Stub on the model's forward: the i-th generated token of the request gets a +1000 logit for script[i] (a
-    grammar mask still has the last word, so a forced closing tag or a JSON constraint wins over the script)."""
-
-    def __init__(self, llm, template: str):
-        from edgellm.chat_template import ChatTemplate
-
-        self.llm, self.ids, self.prompt_len = llm, [], 0
-        llm.__dict__["chat_template"] = ChatTemplate(template, name="test-think")  # the template the tests write
-        self._forward = llm.model.forward
-        llm.model.forward = self.forward
-
-    def set(self, messages, script_text: str, *, after: int = 0):
-        """Script the output from its token `after` on (earlier ones: what the matcher forces)."""
-        from edgellm.chat_turn import ChatTurn
-
-        self.prompt_len = len(self.llm.prompt_ids(ChatTurn(self.llm, messages).prompt)) + after
-        self.ids = self.llm.tokenize(script_text, special=False)
-
-    def forward(self, batch, kv):
-        logits = self._forward(batch, kv)  # (rows, V)
-        for r, row in enumerate(batch.logit_rows):
-            i = int(batch.positions[row]) + 1 - self.prompt_len  # index of the token being chosen
-            if 0 <= i < len(self.ids):
-                logits[r, self.ids[i]] += 1000.0
-        return logits
-
-    def close(self):
-        self.llm.model.forward = self._forward
-        self.llm.__dict__.pop("chat_template", None)
 
 
 @pytest.fixture

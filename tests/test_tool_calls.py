@@ -27,6 +27,7 @@ FAMILY_OF = {  # template file -> family
     "meta-llama-Llama-3.1-8B-Instruct": "llama3",  # Llama 3.3 ships the same text
     "llama3_2": "llama3",
     "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+    "openai-gpt-oss-120b": "harmony",  # its outputs and grammar: tests/test_harmony_tools.py
     "gemma3": "generic",
     "phi3": "generic",
 }
@@ -197,7 +198,7 @@ def accepts(grammar: str, tok, text: str) -> bool:
     return m.consume_tokens(tok.encode(text, add_bos=False, special=False)) and m.is_accepting()
 
 
-@pytest.mark.parametrize("fam", sorted(FAMILIES))
+@pytest.mark.parametrize("fam", sorted(set(FAMILIES) - {"harmony"}))  # harmony's: tests/test_harmony_tools.py
 def test_grammars_accept_the_family_syntax_and_validate_arguments(fam, tiny_tok):
     from edgellm.tool_grammar import tool_grammar
 

@@ -150,16 +150,20 @@ def spec_to_dict(spec: TinyModelSpec) -> dict:
 
 
 def write_spec(path: str | Path, spec: TinyModelSpec, *, split_max_tensors: int = 0, small_first_shard: bool = False,
-               strings: dict[str, str] | None = None) -> Path:
+               strings: dict[str, str] | None = None, control_tokens: tuple[str, ...] = (),
+               space_prefix: bool | None = None) -> Path:
     """Write the model of `spec` to `path`. split_max_tensors > 0: a split model as gguf-split writes it,
     `path`'s stem + -00001-of-0000N.gguf ... (returns the first shard's path); small_first_shard: its first shard
-    holds metadata only (gguf-split --no-tensor-first-split). strings: extra string metadata (e.g. a chat template)."""
+    holds metadata only (gguf-split --no-tensor-first-split). strings: extra string metadata (e.g. a chat template).
+    control_tokens: texts that become control tokens in place of the vocabulary's last pieces (e.g. harmony's
+    `<|channel|>`, ...); space_prefix: whether the tokenizer adds a space before text (None: SentencePiece's default
+    for the architecture; False as in BPE vocabularies such as gpt-oss's)."""
     import gguf
 
     path = Path(path)
     w = gguf.GGUFWriter(str(path), spec.arch, split_max_tensors=split_max_tensors, small_first_shard=small_first_shard)
     _add_metadata(w, spec)
-    _add_vocab(w, spec)
+    _add_vocab(w, spec, control_tokens, space_prefix)
     for key, value in (strings or {}).items():
         w.add_string(key, value)
     for name, arr in _tensors(spec):
@@ -280,8 +284,11 @@ def tiny_vocab(n_vocab: int = 512) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _add_vocab(w, s: TinyModelSpec) -> None:
+def _add_vocab(w, s: TinyModelSpec, control_tokens: tuple[str, ...] = (), space_prefix: bool | None = None) -> None:
     tokens, scores, types = tiny_vocab(s.n_vocab)
+    if control_tokens:
+        k = len(control_tokens)
+        tokens, scores, types = tokens[:-k] + list(control_tokens), scores[:-k] + [0.0] * k, types[:-k] + [3] * k
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -291,7 +298,7 @@ def _add_vocab(w, s: TinyModelSpec) -> None:
     w.add_unk_token_id(UNK_ID)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(s.arch not in GEMMA)
+    w.add_add_space_prefix(s.arch not in GEMMA if space_prefix is None else space_prefix)
 
 
 # ------------------------------------------------------------------------------------------------------------------
