@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 
 PREFILL_ROWS = 144  # warm-up prefill: quantization, row-wise ops and attention split from 64-128 rows
+# With one kernel thread nothing splits and every prefill length runs the same kernels: a short prefill compiles
+# them all (144 rows took 45 s to run under emulation on a Cortex-A72, and a second or more on a Pi 4, every start)
+PREFILL_ROWS_ONE_THREAD = 4
 
 
 def _distinct_weights(model) -> list:
@@ -19,7 +22,7 @@ def _distinct_weights(model) -> list:
 
 def warm_up(llm, *, progress: bool = True) -> None:
     """Compile every distinct matmul type's drivers, then run a prefill long enough to take the split
-    (multi-threaded) forms of the other kernels, and a decode step.
+    (multi-threaded) forms of the other kernels (with one thread: a few rows), and a decode step.
 
     Runs in a short-lived thread: a thread that launches prange loops keeps its own OpenMP worker team while
     it lives, and with two live teams (the caller's and, later, the engine thread's) libgomp counts more
@@ -43,6 +46,7 @@ def warm_up(llm, *, progress: bool = True) -> None:
 def _warm_up(llm, *, progress: bool) -> None:
     from tqdm import tqdm
 
+    from kernels_cpu import get_threads
     from kernels_cpu.matmul import warm
 
     model = llm.model
@@ -54,7 +58,8 @@ def _warm_up(llm, *, progress: bool) -> None:
             warm(w)
             bar.update(1)
         cap = llm.capacity
-        n = max(2, min(PREFILL_ROWS, cap.token_budget, cap.max_len - 1))
+        rows = PREFILL_ROWS if get_threads() > 1 else PREFILL_ROWS_ONE_THREAD
+        n = max(2, min(rows, cap.token_budget, cap.max_len - 1))
         with llm.scratch(n + 1) as sc:
             sc.forward([0] * n, 0)
             sc.forward([0], n)

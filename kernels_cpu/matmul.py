@@ -264,14 +264,20 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
 
 
 def warm(pw: PreparedWeight) -> None:
-    """Compile (or load from Numba's cache) every driver a matmul with pw can run: one thread and split over
-    row-group chunks, for each activation form (int16; uint8 for the 32-block formats from U8_MIN_ROWS)."""
+    """Compile (or load from Numba's cache) every driver a matmul with pw can run: one thread and (with more
+    than one kernel thread) split over row-group chunks, for each activation form (int16, or int8; uint8 for the
+    32-block formats from U8_MIN_ROWS): each form once."""
     k, g = pw.shape[1], pw.qs.shape[0]
+    split = parallel.fast_prange() and parallel.get_threads() > 1  # _run never splits on one thread
+    forms = set()
     for m in sorted({1, U8_MIN_ROWS}):
+        if _act_dtype(pw, m) in forms:
+            continue
+        forms.add(_act_dtype(pw, m))
         xq, dx, bs = _prepare_x(np.zeros((m, k), np.float32), pw)
         out = np.empty((m, pw.shape[0]), np.float32)
         pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
-        if parallel.fast_prange():
+        if split:
             pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
 
 

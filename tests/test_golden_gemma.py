@@ -21,20 +21,32 @@ def test_prompt_tokens_match(gemma_llm):
         assert gemma_llm.tokenizer.encode(case["text"], add_bos=True, special=True) == case["prompt_ids"], case["id"]
 
 
-@pytest.fixture(scope="module")
-def greedy_outputs(gemma_llm):
-    cases = GREEDY["prompts"]
-    params = SamplingParams(max_tokens=GREEDY["greedy_steps"], temperature=0, ignore_eos=True)
-    outs = gemma_llm.generate([c["prompt_ids"] for c in cases], params)  # one continuous batch
-    return {c["id"]: o for c, o in zip(cases, outs)}
-
-
 # A greedy continuation is compared with llama.cpp's up to the first step where llama.cpp's top-2 logit margin
 # is below NEAR_TIE; a divergence before that is a failure. Kernels that sum in another order than llama.cpp
 # flip an occasional 8-bit activation code, and the logits move by ~0.1 after a few dozen tokens. llama.cpp's
 # own AVX2 build against its AVX-512 golden (tests/golden/llamacpp_cross_build.json) needs 0.28 here: its
 # code_fib continuation leaves the golden at a margin of 0.386, after no margin below 0.277. Ours needs 0.104.
 NEAR_TIE = 0.15
+CLI_CASE = 1  # the prompt test_greedy_cli_matches_api runs through the CLI: its whole continuation is generated
+
+
+def _first_near_tie(case) -> int:
+    """Steps of the case's continuation that are compared: those before llama.cpp's first near-tie."""
+    return next((i for i, s in enumerate(case["steps"]) if s["gap"] < NEAR_TIE), len(case["steps"]))
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(gemma_llm):
+    """The greedy continuations as one continuous batch, each only as long as it is compared (the CLI case: all
+    greedy_steps). Tokens after the first near-tie are never compared, and a greedy token does not depend on how
+    many follow it nor on the batch: 17 x 48 decode rows would be 816, here 215 (4x less work under
+    emulation, where the 262144-row output head of every decoded token dominates)."""
+    cases = GREEDY["prompts"]
+    steps = GREEDY["greedy_steps"]
+    params = [SamplingParams(max_tokens=steps if i == CLI_CASE else max(1, _first_near_tie(c)), temperature=0,
+                             ignore_eos=True) for i, c in enumerate(cases)]
+    outs = gemma_llm.generate([c["prompt_ids"] for c in cases], params)
+    return {c["id"]: o for c, o in zip(cases, outs)}
 
 
 def _divergences(greedy_outputs):
@@ -43,9 +55,9 @@ def _divergences(greedy_outputs):
     out = []
     for case in GREEDY["prompts"]:
         got, want = greedy_outputs[case["id"]].token_ids, case["generated_ids"]
-        assert len(got) == len(want), case["id"]
         gaps = [s["gap"] for s in case["steps"]]
-        stop = next((i for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))  # first near-tie step
+        stop = _first_near_tie(case)
+        assert len(got) >= stop and len(want) == len(gaps), case["id"]
         d = next((i for i, (a, b) in enumerate(zip(got[:stop], want[:stop])) if a != b), None)
         if d is not None:
             out.append((case["id"], d, gaps[d], min(gaps[:d], default=None)))
@@ -56,8 +68,7 @@ def test_greedy_matches_llamacpp_up_to_near_ties(greedy_outputs):
     assert len(GREEDY["prompts"]) >= 10
     bad = _divergences(greedy_outputs)
     assert not bad, bad
-    checked = sum(next((i for i, s in enumerate(c["steps"]) if s["gap"] < NEAR_TIE), len(c["steps"]))
-                  for c in GREEDY["prompts"])
+    checked = sum(_first_near_tie(c) for c in GREEDY["prompts"])
     assert checked >= 150  # the threshold leaves a real comparison (176 of 816 steps)
 
 
@@ -65,7 +76,7 @@ def test_greedy_cli_matches_api(greedy_outputs, default_model):
     import subprocess
     import sys
 
-    case = GREEDY["prompts"][1]
+    case = GREEDY["prompts"][CLI_CASE]
     r = subprocess.run([sys.executable, "-m", "edgellm.cli", "generate", "--prompt", case["text"], "--max-tokens", "48",
                         "--temperature", "0"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
