@@ -17,7 +17,6 @@ class FakeReq:
         self.id = next(self._ids)
         self.all_ids = list(ids)
         self.n_computed = 0
-        self.prompt_rows = len(ids)  # every row computed as a prompt row
 
 
 def computed(mgr, ids) -> FakeReq:
