@@ -1,11 +1,12 @@
 """The x86 block sums of Q4_K, Q5_K and Q6_K: quad vectors of unsigned codes against int8 activations.
 
 Repacked layout of one (row group, super-block) on x86 (repack.QUAD_K; planes "nibq", "bitq", "crumbq"): 8 runs t
-of 32 elements, each 8 *quad vectors* of 64 bytes (byte 4r+e = row r, element 4l+e of quad l of the run):
-  nibq (at 0, 256 bytes a run): vector j (0..3) holds the codes' bits 0-3 of quad j (low nibbles) and of quad
-      j+4 (high nibbles), as matmul_iq's table-lookup formats;
-  bitq (Q5_K, at 2048, 64 bytes a run): bit l of each byte = bit 4 of quad l;
-  crumbq (Q6_K, at 2048, 128 bytes a run): vector u (0, 1) holds bits 4-5 of quads u, u+2, u+4, u+6 in its
+of 32 elements, each 8 *quad vectors* of 64 bytes (byte 4r+e = row r, element 4l+e of quad l of the run), stored
+run by run (run t at t * RUN bytes, RUN = 256, 320 (Q5_K), 384 (Q6_K)):
+  nibq (at 0 of the run, 256 bytes): vector j (0..3) holds the codes' bits 0-3 of quad j (low nibbles) and of
+      quad j+4 (high nibbles), as matmul_iq's table-lookup formats;
+  bitq (Q5_K, at 256, 64 bytes): bit l of each byte = bit 4 of quad l;
+  crumbq (Q6_K, at 256, 128 bytes): vector u (0, 1) holds bits 4-5 of quads u, u+2, u+4, u+6 in its
       bits 0-1, 2-3, 4-5, 6-7.
 Scales as matmul_k describes them. A quad vector of codes (0..63) is then, as it is, the unsigned operand of a
 4-product dot against the broadcast int8 activation quad of each row: no shuffle, one instruction per 64
@@ -26,8 +27,7 @@ from llvmlite import ir
 
 from .matmul_ir import I8, I16, I32, Emit, V
 
-NIB_RUN = 256  # nibq bytes of one run of 32 elements for the 16 rows
-HIGH = 2048  # offset of the bitq / crumbq plane
+NIB_RUN = 256  # nibq bytes of one run of 32 elements for the 16 rows (the bitq / crumbq bytes follow them)
 
 
 def _bytes(e: Emit, val: int):
@@ -45,11 +45,12 @@ def _shift(e: Emit, v, n: int):
     return b.shl(v, _bytes(e, n)) if n > 0 else (b.lshr(v, _bytes(e, -n)) if n < 0 else v)
 
 
-def nib_quads(e: Emit, t) -> list:
-    """The 8 quad vectors (<4W x i8>, quad l at index l) of the codes' bits 0-3 in run t (int or i64)."""
+def nib_quads(e: Emit, t, run: int = NIB_RUN) -> list:
+    """The 8 quad vectors (<4W x i8>, quad l at index l) of the codes' bits 0-3 in run t (int or i64) of `run`
+    bytes."""
     lo, hi = [None] * 4, [None] * 4
     for j in range(4):
-        raw = _load(e, e.lin(t, NIB_RUN, 64 * j))
+        raw = _load(e, e.lin(t, run, 64 * j))
         lo[j], hi[j] = e.b.and_(raw, _bytes(e, 15)), e.b.lshr(raw, _bytes(e, 4))
     return lo + hi
 
@@ -60,15 +61,16 @@ def q4_k_quads(e: Emit, t) -> list:
 
 def q5_k_quads(e: Emit, t) -> list:
     """Codes 0..31: bit 4 of quad l is bit l of the bitq vector."""
-    hb = _load(e, e.lin(t, 64, HIGH))
-    return [e.b.or_(q, e.b.and_(_shift(e, hb, 4 - l), _bytes(e, 16))) for l, q in enumerate(nib_quads(e, t))]
+    hb = _load(e, e.lin(t, NIB_RUN + 64, NIB_RUN))
+    return [e.b.or_(q, e.b.and_(_shift(e, hb, 4 - l), _bytes(e, 16)))
+            for l, q in enumerate(nib_quads(e, t, NIB_RUN + 64))]
 
 
 def q6_k_quads(e: Emit, t) -> list:
     """Codes 0..63: bits 4-5 of quad l = 2s + u are bits 2s, 2s+1 of crumbq vector u."""
-    hv = [_load(e, e.lin(t, 128, HIGH + 64 * u)) for u in range(2)]
+    hv = [_load(e, e.lin(t, NIB_RUN + 128, NIB_RUN + 64 * u)) for u in range(2)]
     return [e.b.or_(q, e.b.and_(_shift(e, hv[l % 2], 4 - 2 * (l // 2)), _bytes(e, 0x30)))
-            for l, q in enumerate(nib_quads(e, t))]
+            for l, q in enumerate(nib_quads(e, t, NIB_RUN + 128))]
 
 
 def _scale_pairs(e: Emit, v):

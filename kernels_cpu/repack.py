@@ -221,6 +221,14 @@ def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     raise ValueError(kind)
 
 
+def _by_runs(planes: list) -> np.ndarray:
+    """The quad planes (G, NB, bytes) of a super-block stored run by run: run t's nibq bytes, then its bitq /
+    crumbq bytes, then run t+1's: the kernel reads each (group, block) as one ascending stream (two planes read
+    side by side ran Q5_K / Q6_K at half speed once the weights were out of L2)."""
+    G, NB = planes[0].shape[:2]
+    return np.concatenate([p.reshape(G, NB, 8, -1) for p in planes], axis=-1).reshape(G, NB, -1)
+
+
 def repack(raw: np.ndarray, qtype: Q, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """raw (n, row_bytes) uint8 -> (qs (G, NB, QB) uint8, sc (G, NB, SB) uint8), G = ceil(n/16)."""
     lay = LAYOUTS[qtype]
@@ -242,7 +250,8 @@ def repack(raw: np.ndarray, qtype: Q, n: int, k: int) -> tuple[np.ndarray, np.nd
             _pairs(codes, qs[g0:g1])
         else:
             pv = _pairs(codes)
-            qs[g0:g1] = np.concatenate([_plane(p, pv) for p in lay.planes], axis=-1)
+            planes = [_plane(p, pv) for p in lay.planes]
+            qs[g0:g1] = _by_runs(planes) if qtype in QUAD_K else np.concatenate(planes, axis=-1)
         # scales: (rows, NB, s) -> (g, NB, s, R) sub-block-major, bytes
         parts = [s.reshape(g1 - g0, R, NB, -1).transpose(0, 2, 3, 1) for s in scales]
         sc[g0:g1] = np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(g1 - g0, NB, -1)
