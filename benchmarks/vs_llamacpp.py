@@ -63,22 +63,27 @@ import sys, time, numpy as np, numba
 threads = int(sys.argv[1])
 numba.set_num_threads(threads)
 
+@numba.njit(nogil=True)
+def chunk_sum(a):  # every byte read, 8 independent sums: vector loads as a matmul kernel streams its weights
+    acc = np.zeros(8, np.int64)
+    for i in range(0, a.size - 7, 8):
+        for j in range(8):
+            acc[j] += a[i + j]
+    return acc.sum()
+
 @numba.njit(parallel=True, nogil=True)
-def scan(a, nt):  # one 8-byte load per 64-byte line: what streaming weights costs the memory system
-    s = np.zeros(nt, np.int64)
-    n = a.size // nt
-    for t in numba.prange(nt):
-        acc = np.int64(0)
-        for i in range(t * n, (t + 1) * n, 8):
-            acc += a[i]
-        s[t] = acc
+def scan(a, nchunks):
+    n = a.size // nchunks
+    s = np.zeros(nchunks, np.int64)
+    for c in numba.prange(nchunks):
+        s[c] = chunk_sum(a[c * n:(c + 1) * n])
     return s.sum()
 
-a = np.ones(1 << 28, np.int64)  # 2 GiB: far beyond any cache
-scan(a, threads)
+a = np.ones(1 << 27, np.int64)  # 1 GiB: far beyond any cache
+scan(a, 16 * threads)
 ts = []
-for _ in range(3):
-    t0 = time.perf_counter(); scan(a, threads); ts.append(time.perf_counter() - t0)
+for _ in range(5):
+    t0 = time.perf_counter(); scan(a, 16 * threads); ts.append(time.perf_counter() - t0)
 print(a.nbytes / min(ts))
 """
 
