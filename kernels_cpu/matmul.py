@@ -162,6 +162,28 @@ def prepare_activations(x: np.ndarray, pw: PreparedWeight) -> tuple:
     return _prepare_x(x, pw)
 
 
+@dataclass(frozen=True)
+class ActivationForm:
+    """How m activation rows are prepared for a weight's drivers (see _prepare_x): codes of `dtype` quantized per
+    `block` elements (0: float32 activations, zero-padded to k_padded columns) with `offset` added (128: the
+    uint8 VNNI form), and whether the drivers take the Q8_1 block sums (s1) in place of the sums of 16 codes."""
+
+    dtype: type
+    block: int
+    offset: int
+    q8_1: bool
+    k_padded: int
+
+
+def activation_form(pw: PreparedWeight, m: int) -> ActivationForm:
+    """The activation form of m rows for pw's drivers (for kernels that quantize activations themselves, e.g.
+    kernels_cpu.moe_ffn)."""
+    if pw._act_block == 0:
+        return ActivationForm(np.float32, 0, 0, False, pw._kp)
+    dt = _act_dtype(pw, m)
+    return ActivationForm(dt, pw._act_block, 128 if dt == np.uint8 else 0, pw.qtype in _Q8_1_WEIGHTS, pw.shape[1])
+
+
 def _act_dtype(pw: PreparedWeight, m: int):
     """Activation code type for m rows and weight pw: int8 (the table-lookup formats everywhere; the
     unsigned-weight form, ACT_S8), uint8 (codes + 128, the VNNI form, ACT_U8) or int16."""

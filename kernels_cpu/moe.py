@@ -127,6 +127,9 @@ def _group(tok, eid, starts, wr, pos, sel, w, E):
     return J
 
 
+group_kernel = _group  # compiled (tok, eid, starts, wr, pos, sel, w, E) -> J, for compiled callers (moe_ffn)
+
+
 def group_by_expert(sel: np.ndarray, w: np.ndarray, n_experts: int):
     """The routed pairs of sel / w (T, k) grouped by ascending expert, each group in token order:
     (tok (R,) each pair's token, eid (J,) the experts used, starts (J+1,): expert eid[j] has pairs
@@ -153,6 +156,9 @@ def _combine(out, y, w, pos):
             wr = w[t, j]
             for d in range(D):
                 out[t, d] += y[r, d] * wr
+
+
+combine_kernel = _combine  # compiled (out, y, w, pos), for compiled callers (moe_ffn)
 
 
 def combine(out: np.ndarray, y: np.ndarray, w: np.ndarray, pos: np.ndarray) -> np.ndarray:

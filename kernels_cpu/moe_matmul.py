@@ -94,6 +94,12 @@ def _kernels(fmt: int) -> tuple:
     return k
 
 
+def job_kernels(fmt: int) -> tuple:
+    """(serial, prange twin) job kernels of a QuantType id: serial(y, xq, dx, bs, qs, sc, eid, starts, lo, hi,
+    None) runs units lo..hi-1 of the (job, row group) space (see _template), for compiled callers (moe_ffn)."""
+    return _kernels(fmt)
+
+
 def _bind(t, name: str, extra: dict):
     fn = types.FunctionType(t.__code__, dict(globals(), **extra), name, None, t.__closure__)
     fn.__qualname__ = name

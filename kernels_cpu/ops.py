@@ -336,6 +336,17 @@ def _swiglu_oai(out, gate, up, alpha, limit):
             out[t, f] = glu * (y + np.float32(1.0))
 
 
+@nb.njit(cache=True, nogil=True)
+def _swiglu_rows(out, gate, up, alpha, limit):
+    _swiglu(out, gate, up)  # (alpha and limit are swiglu_oai's)
+
+
+# name -> compiled kernel(out, gate, up, alpha, limit) over (T, F) float32 rows: the gated activations of the
+# MoE experts, for kernels that call them from compiled code (kernels_cpu.moe_ffn); the same arithmetic as
+# swiglu / swiglu_oai below
+GLU_KERNELS = {"swiglu": _swiglu_rows, "swiglu_oai": _swiglu_oai}
+
+
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """GELU(gate) * up for (T, F) float32 arrays."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)

@@ -163,7 +163,7 @@ def test_mxfp4_experts_stay_close_to_the_float_forward(tiny_model):
 
     path = tiny_model("gpt-oss", expert_qtype="MXFP4")
     llm = LLM(path, ctx_size=64, progress=False)
-    assert llm.model.layers[0].moe.gate.qtype.name == "MXFP4"
+    assert llm.model.layers[0].moe.experts.gate.qtype.name == "MXFP4"
     want = reference_logits(path, TOKENS)  # dequantized experts, float activations
     err = np.abs(llm.logits(TOKENS) - want).max() / np.abs(want).max()
     assert err < 3e-2, err  # edgellm, like llama.cpp, quantizes the experts' activations to q8_0
