@@ -1,7 +1,7 @@
 """IR bodies of the k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): one 256-element super-block per call.
 
-On x86, Q4_K, Q5_K and Q6_K are stored as quad vectors and summed by matmul_kquad (int8 activations,
-vpdpbusd / vpmaddubsw); the pair-vector layout and forms below serve them on AArch64, and Q2_K / Q3_K everywhere.
+On x86 the k-quants are stored as quad vectors and summed by matmul_kquad (int8 activations, vpdpbusd /
+vpmaddubsw); the pair-vector layout and forms below serve them on AArch64.
 
 Repacked layout of one (row group, super-block) — see repack.py. Elements come in 8 runs t of 32
 (16 pairs pp each); pair vectors as in matmul_q:
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from quant.types import QuantType as Q
 
 from .matmul_ir import I16, I32, Emit, V, register
-from .matmul_kquad import q4_k_quads, q5_k_quads, q6_k_quads, quad_sums
+from .matmul_kquad import q2_k_quads, q3_k_quads, q4_k_quads, q5_k_quads, q6_k_quads, quad_sums
 from .matmul_neon import s8_sums
 from .repack import QUAD_K
 
@@ -116,8 +116,8 @@ KSPECS = {
     Q.Q4_K: KSpec(_nibble_codes(False), _run_scale, 16, 8, mins=8, quads=_quads(Q.Q4_K, q4_k_quads)),  # 30480
     Q.Q5_K: KSpec(_nibble_codes(True), _run_scale, 16, 4, mins=8, quads=_quads(Q.Q5_K, q5_k_quads)),   # 31496
     Q.Q6_K: KSpec(_q6_k_codes, _half_scale(True), 8, 2, offset=32, quads=_quads(Q.Q6_K, q6_k_quads)),  # 32004
-    Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, 8, offset=4),
-    Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, 8, mins=16),
+    Q.Q3_K: KSpec(_crumb_codes(True), _half_scale(True), 8, 8, offset=4, quads=_quads(Q.Q3_K, q3_k_quads)),
+    Q.Q2_K: KSpec(_crumb_codes(False), _half_scale(False, 15), 8, 8, mins=16, quads=_quads(Q.Q2_K, q2_k_quads)),
 }
 
 

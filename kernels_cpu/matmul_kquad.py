@@ -1,4 +1,4 @@
-"""The x86 block sums of Q4_K, Q5_K and Q6_K: quad vectors of unsigned codes against int8 activations.
+"""The x86 block sums of the k-quants (Q2_K .. Q6_K): quad vectors of unsigned codes against int8 activations.
 
 Repacked layout of one (row group, super-block) on x86 (repack.QUAD_K; planes "nibq", "bitq", "crumbq"): 8 runs t
 of 32 elements, each 8 *quad vectors* of 64 bytes (byte 4r+e = row r, element 4l+e of quad l of the run), stored
@@ -8,6 +8,8 @@ run by run (run t at t * RUN bytes, RUN = 256, 320 (Q5_K), 384 (Q6_K)):
   bitq (Q5_K, at 256, 64 bytes): bit l of each byte = bit 4 of quad l;
   crumbq (Q6_K, at 256, 128 bytes): vector u (0, 1) holds bits 4-5 of quads u, u+2, u+4, u+6 in its
       bits 0-1, 2-3, 4-5, 6-7.
+Q2_K and Q3_K have no nibble plane: their run (128 / 192 bytes) starts with crumbq0 (as crumbq, of bits 0-1), then
+for Q3_K bitq2 (as bitq, of bit 2).
 Scales as matmul_k describes them. A quad vector of codes (0..63) is then, as it is, the unsigned operand of a
 4-product dot against the broadcast int8 activation quad of each row: no shuffle, one instruction per 64
 products, where the pair vectors of matmul_k take two (ggml's Q8_K activations are int8 too).
@@ -71,6 +73,23 @@ def q6_k_quads(e: Emit, t) -> list:
     hv = [_load(e, e.lin(t, NIB_RUN + 128, NIB_RUN + 64 * u)) for u in range(2)]
     return [e.b.or_(q, e.b.and_(_shift(e, hv[l % 2], 4 - 2 * (l // 2)), _bytes(e, 0x30)))
             for l, q in enumerate(nib_quads(e, t, NIB_RUN + 128))]
+
+
+def _crumbs(e: Emit, t, run: int) -> list:
+    """Bits 0-1 of the 8 quads of run t: quad l = 2s + u is bits 2s, 2s+1 of crumbq0 vector u (at 0 of the run)."""
+    cv = [_load(e, e.lin(t, run, 64 * u)) for u in range(2)]
+    return [e.b.and_(_shift(e, cv[l % 2], -2 * (l // 2)), _bytes(e, 3)) for l in range(8)]
+
+
+def q2_k_quads(e: Emit, t) -> list:
+    """Codes 0..3."""
+    return _crumbs(e, t, 128)
+
+
+def q3_k_quads(e: Emit, t) -> list:
+    """Codes 0..7 (the -4 is a correction): bit 2 of quad l is bit l of the bitq2 vector (at 128 of the run)."""
+    hb = _load(e, e.lin(t, 192, 128))
+    return [e.b.or_(q, e.b.and_(_shift(e, hb, 2 - l), _bytes(e, 4))) for l, q in enumerate(_crumbs(e, t, 192))]
 
 
 def _scale_pairs(e: Emit, v):

@@ -136,9 +136,9 @@ def _split_float(dtype):
     return split
 
 
-# The k-quants whose x86 kernels take quad vectors (matmul_kquad): their planes are "nibq" (+ "bitq" / "crumbq")
-# there; on AArch64 the pair-vector planes of matmul_k (its NEON forms read pairs).
-QUAD_K: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
+# The k-quants whose x86 kernels take quad vectors (matmul_kquad): their planes are "nibq" (+ "bitq" / "crumbq"),
+# or "crumbq0" (+ "bitq2") there; on AArch64 the pair-vector planes of matmul_k (its NEON forms read pairs).
+QUAD_K: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 
 def _k_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
@@ -154,8 +154,8 @@ LAYOUTS: dict[Q, Layout] = {
     Q.IQ4_NL: Layout(32, 256, 32, 32, _split_iq4_nl, ("nibq",)),
     Q.MXFP4: Layout(32, 256, 16, 32, _split_mxfp4, ("nibq",)),
     Q.IQ4_XS: Layout(256, 2048, 160, 256, _split_iq4_xs, ("nibq",)),
-    Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, ("crumb_lo",)),
-    Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, ("crumb_lo", "bit2")),
+    Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, _k_planes(Q.Q2_K, ("crumb_lo",), ("crumbq0",))),
+    Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, _k_planes(Q.Q3_K, ("crumb_lo", "bit2"), ("crumbq0", "bitq2"))),
     Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, _k_planes(Q.Q4_K, ("nib",), ("nibq",))),
     Q.Q5_K: Layout(256, 2560, 320, 256, _split_q5_k, _k_planes(Q.Q5_K, ("nib", "bit4"), ("nibq", "bitq"))),
     Q.Q6_K: Layout(256, 3072, 288, 256, _split_q6_k, _k_planes(Q.Q6_K, ("nib", "crumb_hi"), ("nibq", "crumbq"))),
@@ -203,11 +203,12 @@ def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     if kind == "nibq":  # per run: vector j (0..3) = quad j (low nibbles) | quad j+4 (high nibbles)
         q = _quads(pv).reshape(G, NB, P // 16, 2, 4, 64)
         return ((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
-    if kind == "bitq":  # per run: one vector, bit l of byte 4r+e = bit 4 of quad l
-        q = (_quads(pv) >> 4) & 1
+    if kind in ("bitq", "bitq2"):  # per run: one vector, bit l of byte 4r+e = bit 4 (bitq2: 2) of quad l
+        q = (_quads(pv) >> (4 if kind == "bitq" else 2)) & 1
         return (q << np.arange(8, dtype=np.uint8)[:, None]).sum(-2, dtype=np.uint8).reshape(G, NB, -1)
-    if kind == "crumbq":  # per run: vector u (0, 1) = bits 4-5 of quads u, u+2, u+4, u+6 at bits 0-1, 2-3, 4-5, 6-7
-        q = ((_quads(pv) >> 4) & 3).reshape(G, NB, P // 16, 4, 2, 64)  # [s, u] = quad 2s + u
+    if kind in ("crumbq", "crumbq0"):  # per run: vector u (0, 1) = bits 4-5 (crumbq0: 0-1) of quads u, u+2, u+4,
+        # u+6 at bits 0-1, 2-3, 4-5, 6-7
+        q = ((_quads(pv) >> (4 if kind == "crumbq" else 0)) & 3).reshape(G, NB, P // 16, 4, 2, 64)  # [s, u]: quad 2s+u
         sh = (2 * np.arange(4, dtype=np.uint8))[:, None, None]
         return (q << sh).sum(-3, dtype=np.uint8).reshape(G, NB, -1)
     if kind in ("crumb_lo", "crumb_hi"):  # per run of 16 pairs: vector u = pairs u, u+4, u+8, u+12

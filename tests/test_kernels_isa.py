@@ -80,7 +80,7 @@ ASM_EXPECT = {
     ("avx2", "Q5_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q6_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q8_0"): ("vpmaddwd",),  # signed weights: int16 pairs
-    ("avx2", "Q3_K"): ("vpmaddubsw", "vpmaddwd"),  # the pair vectors' unsigned-weight form (Emit.u8w_sums)
+    ("avx2", "Q3_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2-vnni", "Q4_K"): ("vpdpbusd",),
     ("avx2-vnni", "Q6_K"): ("vpdpbusd",),
     ("avx512", "Q4_K"): ("vpmaddubsw", "vpmaddwd"),
@@ -88,7 +88,7 @@ ASM_EXPECT = {
     ("avx512-vnni", "Q4_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q5_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q6_K"): ("vpdpbusd",),
-    ("avx512-vnni", "Q3_K"): ("vpdpwssd",),  # int16 pairs times their scales
+    ("avx512-vnni", "Q3_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q8_0"): ("vpdpwssd",),
     # the table-lookup formats (matmul_iq): codes -> int8 weights by vpshufb, then 4-product dots per row (the
     # first instruction, once per row and quad, finds the one-row loop)
