@@ -22,6 +22,7 @@ from edgellm import LLM, SamplingParams  # noqa: E402
 from edgellm.errors import EngineDeadError  # noqa: E402
 from edgellm.server.app import create_app  # noqa: E402
 from server_thread import ServerThread  # noqa: E402
+from timing import scaled
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -119,7 +120,7 @@ def test_a_fault_at_one_step_fails_only_that_steps_requests(server, fresh_llm, m
     results: list = [None] * 16
 
     def ask(i):
-        r = httpx.post(server.url + "/v1/completions", timeout=60,
+        r = httpx.post(server.url + "/v1/completions", timeout=scaled(60),
                        json={"prompt": prompts[i], "max_tokens": 8, "temperature": 0, "ignore_eos": True})
         results[i] = (r.status_code, r.json())
 

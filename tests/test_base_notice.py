@@ -15,6 +15,7 @@ import pytest
 
 import tiny_models as tm
 from edgellm.model_kind import base_model_notice, model_kind
+from timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
@@ -76,7 +77,7 @@ def test_chat_ui_says_base_first_else_the_template_notice():
 
 def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=str(REPO_ROOT))
+                          timeout=scaled(300), cwd=str(REPO_ROOT))
 
 
 def test_info_shows_base_or_instruct(default_model, tmp_path):
@@ -97,7 +98,7 @@ def test_chat_on_the_bundled_base_model_says_so_then_chats(default_model, tmp_pa
                EDGELLM_MODEL=default_model, EDGELLM_CACHE=str(tmp_path), NO_COLOR="1", TERM="dumb")
     child = pexpect.spawn(sys.executable, ["-m", "edgellm.cli", "chat", "--threads", "2", "--ctx-size", "512",
                                            "--temperature", "0", "--max-tokens", "12"],
-                          env=env, cwd=str(REPO_ROOT), encoding="utf-8", timeout=240, dimensions=(40, 240))
+                          env=env, cwd=str(REPO_ROOT), encoding="utf-8", timeout=scaled(240), dimensions=(40, 240))
     try:
         child.expect(r"note: (.*) is a base model \(no chat template in the file\): it continues text rather than "
                      r"following instructions, so this chat is a User:/Assistant: transcript it completes; for a "

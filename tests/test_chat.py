@@ -21,6 +21,7 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.chat_ui import ChatUI
 from edgellm.errors import ContextOverflowError, InvalidRequestError
 from edgellm.sampling import SamplingParams
+from timing import scaled
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -259,7 +260,7 @@ def test_chat_in_a_terminal(chat_env):
     # the interrupt landed; now it runs for ~40 s
     child = pexpect.spawn(_chat_cmd()[0], _chat_cmd()[1:] + COMMON + ["--max-tokens", "6", "--system", SYSTEM,
                                                                       "--speculative", "off", "--ctx-size", "4096"],
-                          env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=90, dimensions=(40, 200))
+                          env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=scaled(90), dimensions=(40, 200))
     try:
         child.expect_exact(">>> ")
         child.sendline("Hi")
@@ -296,9 +297,9 @@ def test_chat_in_a_terminal(chat_env):
 @pytest.mark.slow
 def test_chat_reads_turns_from_a_pipe(chat_env):
     cmd = _chat_cmd() + COMMON + ["--max-tokens", "6"]
-    one = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=chat_env, cwd=REPO, timeout=120)
+    one = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=chat_env, cwd=REPO, timeout=scaled(120))
     two = subprocess.run(cmd, input="Hi\nWhat is 2+2?\n", capture_output=True, text=True, env=chat_env, cwd=REPO,
-                         timeout=120)
+                         timeout=scaled(120))
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert one.stdout.endswith("\n") and len(one.stdout) > 1
     # the same first answer (greedy), then a second answer and its newline

@@ -8,6 +8,7 @@ import base64
 import numpy as np
 import openai
 import pytest
+from timing import scaled
 
 TEXTS = ["The cat sat on the mat.", "A", "Embeddings of several lengths, batched together in one forward pass.",
          "the cat sat on the mat", "x" * 3]
@@ -132,7 +133,7 @@ def test_dimensions_truncate_and_renormalise(client, tiny):
 def test_bad_embedding_requests_are_openai_400s(client, body, param):
     import httpx
 
-    r = httpx.post(str(client.base_url) + "embeddings", json=body, timeout=60)
+    r = httpx.post(str(client.base_url) + "embeddings", json=body, timeout=scaled(60))
     assert r.status_code in (400, 404), r.text
     err = r.json()["error"]
     assert err["message"] and (err["param"] or "").split(".")[0].split("[")[0] == param, err

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from edgellm import LLM, SamplingParams
 from edgellm.engine.engine import Engine
 from edgellm.errors import ContextOverflowError
+from timing import scaled
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -185,8 +186,8 @@ def test_loop_reports_the_error_to_its_caller_only(tiny_llm, monkeypatch):
     h_bad = tiny_llm.loop.submit([1, 8, 9], SamplingParams(max_tokens=3, **GREEDY))
     h_good = tiny_llm.loop.submit([1, 5, 6], SamplingParams(max_tokens=3, **GREEDY))
     with pytest.raises(ZeroDivisionError):
-        h_bad.result(timeout=60)
-    assert h_good.result(timeout=60).finish_reason == "length"
+        h_bad.result(timeout=scaled(60))
+    assert h_good.result(timeout=scaled(60)).finish_reason == "length"
 
 
 def test_direct_model_use_runs_on_the_engine_thread(tiny_llm):

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 import gguf_fuzzer as F
+from timing import scaled
 
 SEED = int(os.environ.get("EDGELLM_FUZZ_SEED", "17"))
 CASES = {"llama": 900, "gemma3": 700, "bpe-vocab": 500}  # 2,100 mutations, ~15 s on two cores
@@ -48,7 +49,7 @@ def test_mutated_files_give_named_errors_or_work(fuzz_targets, tmp_path, monkeyp
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True, timeout=scaled(300))
 
 
 @pytest.mark.parametrize("case", ["token_type_scalar", "huge_token_count", "flipped_bits"])

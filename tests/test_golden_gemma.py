@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgellm.sampling import SamplingParams
+from timing import scaled
 
 GOLDEN = Path(__file__).parent / "golden"
 GREEDY = json.loads((GOLDEN / "greedy_gemma3.json").read_text())
@@ -78,7 +79,7 @@ def test_greedy_cli_matches_api(greedy_outputs, default_model):
 
     case = GREEDY["prompts"][CLI_CASE]
     r = subprocess.run([sys.executable, "-m", "edgellm.cli", "generate", "--prompt", case["text"], "--max-tokens", "48",
-                        "--temperature", "0"], capture_output=True, text=True, timeout=300)
+                        "--temperature", "0"], capture_output=True, text=True, timeout=scaled(300))
     assert r.returncode == 0, r.stderr
     out = greedy_outputs[case["id"]]
     assert r.stdout.rstrip("\n") == out.text

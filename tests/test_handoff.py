@@ -11,6 +11,7 @@ import pytest
 
 from kernels_cpu import handoff
 from kernels_cpu.handoff import publish, run_split, wait_change
+from timing import scaled
 
 
 def _fill(out, value, lo, hi):
@@ -241,7 +242,7 @@ def test_importing_the_kernels_chooses_no_threads():
             "from kernels_cpu import parallel, set_threads\n"
             "assert set_threads(1) == 1 and parallel.get_threads() == 1\n"
             "print(numba.threading_layer() if parallel.fast_prange() else 'hand-off')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(300),
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()

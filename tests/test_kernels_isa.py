@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kernels_cpu._jit import X86_ISAS, cpu_features
+from timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -41,7 +42,7 @@ def test_matmul_kernels_per_isa(isa):
         pytest.skip(f"this CPU cannot run {isa}")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         "tests/test_kernels_matmul.py", "-k", "reference or exact"],
-                       cwd=ROOT, env=_env(isa), capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, env=_env(isa), capture_output=True, text=True, timeout=scaled(900))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert re.search(r"\d+ passed", r.stdout), r.stdout[-500:]
 
@@ -67,7 +68,7 @@ print(run.inspect_asm(run.signatures[0]))
 
 def _asm(isa: str, qt: str) -> str:
     r = subprocess.run([sys.executable, "-c", ASM_PROBE, qt], cwd=ROOT, env=_env(isa), capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 

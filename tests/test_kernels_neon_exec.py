@@ -20,6 +20,7 @@ from kernels_cpu.matmul import _prepare_x
 from quant.types import FORMATS
 from quant.types import QuantType as Q
 from test_kernels_matmul import random_weight
+from timing import scaled
 
 QEMU, GCC = shutil.which("qemu-aarch64-static"), shutil.which("aarch64-linux-gnu-gcc")
 pytestmark = pytest.mark.skipif(platform.machine() == "aarch64",
@@ -113,7 +114,7 @@ def test_neon_kernel_runs_like_the_host_kernel(tmp_path, qt, cpu):
     nb, qb, sb = pw.qs.shape[1], pw.qs.shape[2], pw.sc.shape[2]
     exe = _program(tmp_path, qt, cpu)
     args = [k, dx.shape[1], bs.shape[1], nb, qb, sb, k // nb]
-    subprocess.run([QEMU, "-cpu", cpu, str(exe), str(tmp_path), *map(str, args)], check=True, timeout=120)
+    subprocess.run([QEMU, "-cpu", cpu, str(exe), str(tmp_path), *map(str, args)], check=True, timeout=scaled(120))
     got = np.fromfile(tmp_path / "facc", np.float64).reshape(8, 16)[:ROWS].astype(np.float32)
     assert FORMATS[qt].block_size * nb == k
     np.testing.assert_array_equal(got, want)

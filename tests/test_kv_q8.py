@@ -20,6 +20,7 @@ from edgellm.engine.swa import slots_needed
 from edgellm.errors import InvalidRequestError, UnsupportedModelError
 from kernels_cpu.attention import attention_reference, paged_attention
 from kernels_cpu.attention_q8 import Q8Cache, dequantize_q8_0, quantize_q8_0
+from timing import scaled
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 Q8 = GGMLQuantizationType.Q8_0
@@ -241,7 +242,7 @@ def test_perplexity_within_half_percent_of_f16_kv():
 
 # -- the CLI -------------------------------------------------------------------------------------------------------------
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True, timeout=scaled(300))
 
 
 def test_cli_kv_dtype(tiny_model, tiny_llm):

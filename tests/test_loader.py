@@ -12,9 +12,10 @@ from gguf import GGUFReader
 from edgellm.errors import ContextOverflowError, GGUFError, UnsupportedModelError, UnsupportedQuantTypeError
 from edgellm.gguf_file import read_gguf
 from edgellm.loader import load_gguf
+from timing import scaled
 
 
-def _cli(*args, timeout=300):
+def _cli(*args, timeout=scaled(300)):
     return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 

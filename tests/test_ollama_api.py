@@ -10,6 +10,7 @@ import pytest
 
 import jsonschema  # noqa: E402 (the dev extra installs it)
 import ollama  # noqa: E402
+from timing import scaled
 
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
                                            "count": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -24,7 +25,7 @@ def server(gemma_server):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return ollama.Client(host=server.url, timeout=600)
+    return ollama.Client(host=server.url, timeout=scaled(600))
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from edgellm import LLM, SamplingParams
 from edgellm.engine import prompt_cache as pc
 from edgellm.engine.engine import Engine
 from edgellm.engine.prompt_cache import PromptCache, block_hashes
+from timing import scaled
 
 REPO = Path(__file__).resolve().parents[1]
 GREEDY = dict(temperature=0, ignore_eos=True, logprobs=0)
@@ -430,7 +431,7 @@ def test_interpreter_exit_writes_the_queued_blocks(tiny_model, tmp_path):
             "llm = LLM(sys.argv[1], ctx_size=256, progress=False, prompt_cache=sys.argv[2]); "
             "llm.generate(list(range(3, 203)), SamplingParams(max_tokens=1))")  # no shutdown()
     r = subprocess.run([sys.executable, "-c", code, tiny_model("llama"), str(tmp_path)], capture_output=True,
-                       text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO, timeout=300)
+                       text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO, timeout=scaled(300))
     assert r.returncode == 0, r.stderr
     assert len([p for p in files(tmp_path) if p.suffix == ".kvb"]) == 200 // 16 and not r.stderr
 
@@ -458,13 +459,13 @@ def test_chat_keeps_the_prompt_cache_in_the_user_cache_dir_unless_told_not_to(ti
     cmd = [sys.executable, "-m", "edgellm.cli", "chat", "--temperature", "0", "-n", "3", "-c", "256",
            "--system", "You are a helpful assistant who answers in one short sentence."]
     off = subprocess.run(cmd + ["--no-prompt-cache"], input="Hi\n", capture_output=True, text=True, env=env,
-                         cwd=REPO, timeout=300)
+                         cwd=REPO, timeout=scaled(300))
     assert off.returncode == 0, off.stderr
     assert not (tmp_path / "user" / "prompt_cache").exists()
-    on = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    on = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=env, cwd=REPO, timeout=scaled(300))
     assert on.returncode == 0 and on.stdout == off.stdout, on.stderr
     assert files(tmp_path / "user" / "prompt_cache")
-    again = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    again = subprocess.run(cmd, input="Hi\n", capture_output=True, text=True, env=env, cwd=REPO, timeout=scaled(300))
     assert again.returncode == 0 and again.stdout == off.stdout and "Traceback" not in again.stderr
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import jsonschema  # noqa: E402 (the dev extra installs it)
 import openai  # noqa: E402
+from timing import scaled
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
                                            "score": {"type": "integer", "minimum": 1, "maximum": 5}},
@@ -20,7 +21,7 @@ TOOL = {"type": "function", "name": "set_alarm", "description": "Set an alarm",
 
 @pytest.fixture(scope="module")
 def client(gemma_server):
-    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="x", max_retries=0, timeout=scaled(600))
 
 
 def events_of(stream) -> list:
@@ -98,6 +99,6 @@ def test_message_and_call_items_as_input(client):
 def test_errors_are_openai_400s(client, body, param):
     import httpx
 
-    r = httpx.post(str(client.base_url) + "responses", json={"max_output_tokens": 2, **body}, timeout=60)
+    r = httpx.post(str(client.base_url) + "responses", json={"max_output_tokens": 2, **body}, timeout=scaled(60))
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["param"] or "").startswith(param.split(".")[0]), r.text

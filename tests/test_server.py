@@ -18,6 +18,7 @@ import openai  # noqa: E402
 from edgellm.sampling import SamplingParams  # noqa: E402
 from server_thread import ServerThread  # noqa: E402
 from edgellm.server.app import create_app  # noqa: E402
+from timing import scaled
 
 KEY = "sekret-key"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
@@ -49,7 +50,7 @@ def keyed(llm):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=scaled(120))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from edgellm.engine.speculative import (BACKOFF_MIN, MISS_LIMIT, DraftControl, N
                                         parse_speculative)
 from edgellm.errors import DraftModelError, InvalidRequestError
 from edgellm.sampling import Sampler
+from timing import scaled
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +354,7 @@ def test_llm_option_cli_and_server_stats(tiny_llm, tiny_model):
     try:
         prompt = repetitive(np.random.default_rng(11), seg=6, reps=4)
         body = {"prompt": prompt, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
-        usage = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()["usage"]
+        usage = httpx.post(srv.url + "/v1/completions", json=body, timeout=scaled(60)).json()["usage"]
         details = usage.get("completion_tokens_details") or {}
         text = httpx.get(srv.url + "/metrics").text
         assert "edgellm_spec_draft_tokens_total" in text and "edgellm_spec_accepted_tokens_total" in text

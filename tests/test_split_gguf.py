@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tiny_models import tiny_spec, write_spec
+from timing import scaled
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def copy_shards(models, dst: Path) -> list[Path]:
 
 def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=str(REPO_ROOT))
+                          timeout=scaled(600), cwd=str(REPO_ROOT))
 
 
 def test_shards_are_what_gguf_split_writes(models):

@@ -11,6 +11,7 @@ import jsonschema  # noqa: E402 (the dev extra installs it)
 import llguidance  # noqa: F401,E402
 
 from edgellm import InvalidRequestError, SamplingParams  # noqa: E402
+from timing import scaled
 
 SCHEMAS = [  # (prompt, schema): nested objects, arrays, enums, bounded numbers, required fields
     ("A user profile as JSON:\n", {
@@ -115,20 +116,20 @@ def test_server_response_format_grammar_and_400(gemma_llm):
         url = srv.url + "/v1/chat/completions"
         msgs = [{"role": "user", "content": "Give the weather as JSON."}]
         schema = SCHEMAS[2][1]
-        r = httpx.post(url, timeout=120, json={"messages": msgs, "max_tokens": 60, "seed": 1, "response_format": {
+        r = httpx.post(url, timeout=scaled(120), json={"messages": msgs, "max_tokens": 60, "seed": 1, "response_format": {
             "type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}})
         assert r.status_code == 200, r.text
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
-        r = httpx.post(url, timeout=120, json={"messages": msgs, "max_tokens": 40, "seed": 2,
+        r = httpx.post(url, timeout=scaled(120), json={"messages": msgs, "max_tokens": 40, "seed": 2,
                                                 "response_format": {"type": "json_object"}})
         assert r.status_code == 200 and isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
-        r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+        r = httpx.post(srv.url + "/v1/completions", timeout=scaled(120), json={
             "prompt": "Answer:", "max_tokens": 10, "grammar": 'root ::= " " ("yes" | "no")'})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] in (" yes", " no")
         for body in ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}},
                      {"response_format": {"type": "json_schema"}}, {"grammar": "root ::= undefined"},
                      {"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}):
-            r = httpx.post(url, timeout=30, json={"messages": msgs, "max_tokens": 5, **body})
+            r = httpx.post(url, timeout=scaled(30), json={"messages": msgs, "max_tokens": 5, **body})
             assert r.status_code == 400, (body, r.text)
             assert r.json()["error"]["param"] in ("response_format", "grammar")
     finally:

@@ -18,6 +18,7 @@ from edgellm.chat_template import ChatTemplate  # noqa: E402
 from edgellm.tool_calls import FAMILIES, ToolCallStream, family_for_template, parse, parse_output  # noqa: E402
 from edgellm.tool_prompt import (ToolChoice, ToolSpecError, check_choice, check_tools, generic_messages,  # noqa: E402
                                  native_messages)
+from timing import scaled
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 FAMILY_OF = {  # template file -> family
@@ -330,7 +331,7 @@ def test_llm_chat_required_call(gemma_llm):
 
 @pytest.fixture(scope="module")
 def client(gemma_server):
-    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    return openai.OpenAI(base_url=gemma_server.url + "/v1", api_key="unused", max_retries=0, timeout=scaled(600))
 
 
 def test_openai_required_and_named_calls_always_validate(client):
@@ -400,7 +401,7 @@ def test_bad_tools_are_openai_400s(client, body, param):
     import httpx
 
     r = httpx.post(str(client.base_url) + "chat/completions",
-                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body}, timeout=60)
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body}, timeout=scaled(60))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"]

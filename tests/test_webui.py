@@ -19,6 +19,7 @@ from server_thread import ServerThread
 from test_server import KEY
 
 from edgellm.server.app import create_app
+from timing import scaled
 
 ARTIFACTS = Path(__file__).parent / "artifacts" / "webui"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
@@ -79,7 +80,7 @@ class Pages:
         assert self.seen, "no request was routed (the check saw nothing)"
 
 
-def wait_for(cond, timeout=60.0, what="condition"):
+def wait_for(cond, timeout=scaled(60.0), what="condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = cond()
@@ -163,7 +164,7 @@ def test_dashboard_shows_a_running_request(browser, server):
     def stream():
         body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 300,
                 "temperature": 0, "stream": True}
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=scaled(120)) as r:
             for _ in r.iter_lines():
                 if done.is_set():
                     break
