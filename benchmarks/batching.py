@@ -53,8 +53,8 @@ def main() -> None:
         same = same and all(b.token_ids == s.token_ids for b, s in zip(batch, singles))
         agg = decode_tps(batch)
         ratios.append(agg / single_tps)
-        print(f"[batch] speculative {a.speculative}, round {r + 1}: 1 request: {single_tps:.1f} tok/s; 8 in one batch: {agg:.1f} tok/s "
-              f"aggregate -> {agg / single_tps:.2f}x")
+        print(f"[batch] speculative {a.speculative}, round {r + 1}: 1 request: {single_tps:.1f} tok/s; "
+              f"8 in one batch: {agg:.1f} tok/s aggregate -> {agg / single_tps:.2f}x")
     print(f"[batch] median over {a.rounds} rounds: {float(np.median(ratios)):.2f}x; outputs identical: {same}")
 
     prefix = " ".join(rng.choice(words, 1100))

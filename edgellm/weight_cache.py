@@ -133,8 +133,8 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
 
 
 def in_memory(data_path: Path) -> bool:
-    """Whether an entry is read into process memory (the default) rather than memory-mapped: NumPy gives large
-    arrays transparent huge pages, and decode streams the weights from them 10-20% faster than from a file
+    """Whether an entry is read into process memory (the default) rather than memory-mapped: there it sits on
+    transparent huge pages (_read), and decode streams the weights from them 10-20% faster than from a file
     mapping's 4 KiB pages, whose TLB misses each cost a page walk (a nested one on a VM): qwen3moe-1b tg64 53 ->
     62 t/s on the Zen 4 test VM. Mapped instead with EDGELLM_MMAP=1, or when the entry is over half of the memory
     available (pages are then faulted in as read, and the OS can drop them)."""

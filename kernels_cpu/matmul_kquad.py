@@ -27,9 +27,17 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from quant.types import QuantType as Q
+
 from .matmul_ir import I8, I16, I32, Emit, V
+from .repack import LAYOUTS
 
 NIB_RUN = 256  # nibq bytes of one run of 32 elements for the 16 rows (the bitq / crumbq bytes follow them)
+
+
+def _run(qt: Q) -> int:
+    """Bytes of one run of 32 elements (16 rows) in qt's repacked block: an eighth of the block."""
+    return LAYOUTS[qt].qbytes // 8
 
 
 def _bytes(e: Emit, val: int):
@@ -63,16 +71,17 @@ def q4_k_quads(e: Emit, t) -> list:
 
 def q5_k_quads(e: Emit, t) -> list:
     """Codes 0..31: bit 4 of quad l is bit l of the bitq vector."""
-    hb = _load(e, e.lin(t, NIB_RUN + 64, NIB_RUN))
-    return [e.b.or_(q, e.b.and_(_shift(e, hb, 4 - l), _bytes(e, 16)))
-            for l, q in enumerate(nib_quads(e, t, NIB_RUN + 64))]
+    run = _run(Q.Q5_K)
+    hb = _load(e, e.lin(t, run, NIB_RUN))
+    return [e.b.or_(q, e.b.and_(_shift(e, hb, 4 - l), _bytes(e, 16))) for l, q in enumerate(nib_quads(e, t, run))]
 
 
 def q6_k_quads(e: Emit, t) -> list:
     """Codes 0..63: bits 4-5 of quad l = 2s + u are bits 2s, 2s+1 of crumbq vector u."""
-    hv = [_load(e, e.lin(t, NIB_RUN + 128, NIB_RUN + 64 * u)) for u in range(2)]
+    run = _run(Q.Q6_K)
+    hv = [_load(e, e.lin(t, run, NIB_RUN + 64 * u)) for u in range(2)]
     return [e.b.or_(q, e.b.and_(_shift(e, hv[l % 2], 4 - 2 * (l // 2)), _bytes(e, 0x30)))
-            for l, q in enumerate(nib_quads(e, t, NIB_RUN + 128))]
+            for l, q in enumerate(nib_quads(e, t, run))]
 
 
 def _crumbs(e: Emit, t, run: int) -> list:
@@ -83,13 +92,14 @@ def _crumbs(e: Emit, t, run: int) -> list:
 
 def q2_k_quads(e: Emit, t) -> list:
     """Codes 0..3."""
-    return _crumbs(e, t, 128)
+    return _crumbs(e, t, _run(Q.Q2_K))
 
 
 def q3_k_quads(e: Emit, t) -> list:
     """Codes 0..7 (the -4 is a correction): bit 2 of quad l is bit l of the bitq2 vector (at 128 of the run)."""
-    hb = _load(e, e.lin(t, 192, 128))
-    return [e.b.or_(q, e.b.and_(_shift(e, hb, 2 - l), _bytes(e, 4))) for l, q in enumerate(_crumbs(e, t, 192))]
+    run = _run(Q.Q3_K)
+    hb = _load(e, e.lin(t, run, 128))
+    return [e.b.or_(q, e.b.and_(_shift(e, hb, 2 - l), _bytes(e, 4))) for l, q in enumerate(_crumbs(e, t, run))]
 
 
 def _scale_pairs(e: Emit, v):

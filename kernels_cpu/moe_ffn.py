@@ -191,23 +191,28 @@ def _copies(fg: int, fu: int, fd: int, act: str, gating: str) -> tuple:
 
 
 _NONE = np.zeros((1, 1), np.float32)  # the placeholder of an absent bias
+# the activations as ExpertFFN.stepwise applies them: the ops' NumPy-facing functions (ops.GLU_KERNELS inside)
+_GLU_OPS = {"swiglu": lambda ffn, g, u: ops.swiglu(g, u),
+            "swiglu_oai": lambda ffn, g, u: ops.swiglu_oai(g, u, alpha=ffn.alpha, limit=ffn.limit)}
 
 
-def _buffers(stack: ExpertStack, T: int, R: int, form=None) -> tuple:
-    """The activation buffers of a projection's input: T rows as quantize_act writes them (xT, dT, bT, sT), the
-    sums kT the driver takes (bT, or sT for Q8_1 weights), and R gathered rows (xR, dR, kR)."""
-    f = form or activation_form(stack.experts[0], T)
-    K = stack.shape[1]
-    if f.block == 0:  # float activations: h copied into xR; dx / bs unused (zeros, as _prepare_x's)
-        dx, bs = np.zeros((R, 1), np.float32), np.zeros((R, 1), np.int32)
-        return (np.empty((T, K), np.float32), dx, bs, np.zeros((R, 0), np.float32), bs,
-                np.empty((R, f.k_padded), np.float32), dx, bs), f
-    nb, n16 = K // f.block, K // 16
-    bT = np.empty((T, n16), np.int32)
-    sT = np.empty((T, n16 if f.q8_1 else 0), np.float32)
-    kR = np.empty((R, n16), np.float32 if f.q8_1 else np.int32)
-    return (np.empty((T, K), f.dtype), np.empty((T, nb), np.float32), bT, sT, sT if f.q8_1 else bT,
-            np.empty((R, K), f.dtype), np.empty((R, nb), np.float32), kR), f
+def _act_arrays(f, K: int, M: int) -> tuple:
+    """M activation rows of width K in form f as quantize_act writes them: (x, dx, bs, s1, sums), sums being the
+    array the drivers take (bs, or s1 for Q8_1 weights); float forms: x zero-padded to f.k_padded, dx / bs zeros
+    the drivers do not read (as _prepare_x's)."""
+    if f.block == 0:
+        dx, bs = np.zeros((M, 1), np.float32), np.zeros((M, 1), np.int32)
+        return np.empty((M, f.k_padded), np.float32), dx, bs, np.zeros((M, 0), np.float32), bs
+    bs = np.empty((M, K // 16), np.int32)
+    s1 = np.empty((M, K // 16 if f.q8_1 else 0), np.float32)
+    return np.empty((M, K), f.dtype), np.empty((M, K // f.block), np.float32), bs, s1, s1 if f.q8_1 else bs
+
+
+def _gathered(f, K: int, T: int, R: int) -> tuple:
+    """The buffers of an input quantized per token (T rows) and gathered per routed row (R rows): (xT, dT, bT,
+    sT, kT, xR, dR, kR), see _rows_in."""
+    xR, dR, _, _, kR = _act_arrays(f, K, R)
+    return _act_arrays(f, K, T) + (xR, dR, kR)
 
 
 @dataclass(eq=False)
@@ -264,20 +269,18 @@ class ExpertFFN:
         if T == 0:
             return out
         R = T * self.k
-        g_in, gf = _buffers(self.gate, T, R)
-        uf = activation_form(self.up.experts[0], T)
-        same_up = uf == gf
-        u_in = g_in if same_up else _buffers(self.up, T, R, uf)[0]
+        gf, uf = activation_form(self.gate.experts[0], T), activation_form(self.up.experts[0], T)
         df = activation_form(self.down.experts[0], R)
-        d_all, _ = _buffers(self.down, R, R, df)  # the routed rows quantized in place: no gather
-        d_in = (d_all[5] if df.block == 0 else d_all[0],) + d_all[1:5]
-        nt = parallel.get_threads()
+        g_in = _gathered(gf, D, T, R)
+        same_up = uf == gf  # the same activations: quantized once
+        u_in = g_in if same_up else _gathered(uf, D, T, R)
+        d_in = _act_arrays(df, F, R)  # the routed rows quantized in place: no gather
         serial, split = _copies(int(self.gate.qtype), int(self.up.qtype), int(self.down.qtype), self.act,
                                 self.gating)
-        run = split if nt > 1 and parallel.fast_prange() and parallel.prange_bounds(1, nt) is not None \
-            else serial
+        nt = parallel.prange_team() or 1
+        run = split if nt > 1 else serial
         gb, ub, db = self._biases
-        run(out, h, logits, self.k, self.norm, WEIGHT_SUM_MIN, nt if run is split else 1, same_up,
+        run(out, h, logits, self.k, self.norm, WEIGHT_SUM_MIN, nt, same_up,
             np.float32(self.alpha), np.float32(self.limit), self.gate_b is not None,
             g_in, gf.block, gf.offset, u_in, uf.block, uf.offset, d_in, df.block, df.offset,
             self.gate.qs, self.gate.sc, self.up.qs, self.up.sc, self.down.qs, self.down.sc, gb, ub, db, F)
@@ -299,8 +302,5 @@ class ExpertFFN:
             return y if bias is None else y + bias[row_eid]
 
         gate, up = proj(h, self.gate, tok, gb), proj(h, self.up, tok, ub)  # (R, F)
-        if self.act == "swiglu":
-            a = ops.swiglu(gate, up)
-        else:
-            a = ops.swiglu_oai(gate, up, alpha=self.alpha, limit=self.limit)
+        a = _GLU_OPS[self.act](self, gate, up)
         return moe.combine(np.zeros_like(h), proj(a, self.down, None, db), wts, pos)

@@ -80,9 +80,11 @@ def _template(tag):
 _KERNELS: dict[int, tuple] = {}
 
 
-def _kernels(fmt: int) -> tuple:
+def job_kernels(fmt: int) -> tuple:
     """(serial, prange twin) job kernels of one format, compiled lazily and cached on disk; the format's
-    driver is bound as a global of a per-format copy (see matmul_driver.make_split_driver)."""
+    driver is bound as a global of a per-format copy (see matmul_driver.make_split_driver). serial(y, xq, dx, bs,
+    qs, sc, eid, starts, lo, hi, None) runs units lo..hi-1 of the (job, row group) space (see _template); compiled
+    callers take it too (moe_ffn)."""
     k = _KERNELS.get(fmt)
     if k is None:
         jobs_t, split_t = _template(SOURCE_TAG)
@@ -92,12 +94,6 @@ def _kernels(fmt: int) -> tuple:
             _bind(split_t, f"run_jobs_split_{fmt}", dict(run=run)))
         k = _KERNELS[fmt] = (run, split)
     return k
-
-
-def job_kernels(fmt: int) -> tuple:
-    """(serial, prange twin) job kernels of a QuantType id: serial(y, xq, dx, bs, qs, sc, eid, starts, lo, hi,
-    None) runs units lo..hi-1 of the (job, row group) space (see _template), for compiled callers (moe_ffn)."""
-    return _kernels(fmt)
 
 
 def _bind(t, name: str, extra: dict):
@@ -157,7 +153,7 @@ def expert_matmul(act: tuple, stack: ExpertStack, eid: np.ndarray, starts: np.nd
     y = np.empty((R, stack.shape[0]), np.float32)
     if R == 0:
         return y
-    run, split = _kernels(int(stack.qtype))
+    run, split = job_kernels(int(stack.qtype))
     G = stack.qs.shape[1]
     units = len(eid) * G
     threads = min(parallel.get_threads(), units)

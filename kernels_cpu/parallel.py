@@ -113,19 +113,26 @@ def chunk_bounds(n_jobs: int, threads: int, cost: np.ndarray | None = None) -> l
 _EVEN: dict[tuple[int, int], np.ndarray] = {}  # (n_jobs, threads) -> equal-count prange bounds
 
 
-def prange_bounds(n_jobs: int, threads: int, cost=None) -> np.ndarray | None:
-    """int64 chunk bounds for a prange twin over `threads` chunks (see chunk_bounds), or None when prange
-    twins are not in use (FAST_PRANGE false: use the Python-level hand-off). Numba's team size is per
-    launching thread and defaults to every logical CPU: it is set to the kernels' thread count here, so
-    hyper-thread siblings do not spin beside the working threads. Equal-count bounds are made once per shape
-    (a decode step asks for the same few thousands of times)."""
-    if not FAST_PRANGE:
+def prange_team() -> int | None:
+    """The kernels' thread count, with Numba's team of the calling thread set to it, when splits run as prange
+    twins (FAST_PRANGE); else None. Numba's team size is per launching thread and defaults to every logical CPU:
+    set here, hyper-thread siblings do not spin beside the working threads."""
+    if not fast_prange():
         return None
     n = get_threads()
     if getattr(_TEAM, "size", None) != n:
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
         _TEAM.size = n
+    return n
+
+
+def prange_bounds(n_jobs: int, threads: int, cost=None) -> np.ndarray | None:
+    """int64 chunk bounds for a prange twin over `threads` chunks (see chunk_bounds), or None when prange
+    twins are not in use (FAST_PRANGE false: use the Python-level hand-off); sets the team (prange_team).
+    Equal-count bounds are made once per shape (a decode step asks for the same few thousands of times)."""
+    if prange_team() is None:
+        return None
     if cost is not None:
         return np.asarray(chunk_bounds(n_jobs, threads, cost), np.int64)
     b = _EVEN.get((n_jobs, threads))
