@@ -133,13 +133,12 @@ def prepare_all(g: GGUFFile, names: list[str], *, progress: bool = False) -> dic
 
 
 def in_memory(data_path: Path) -> bool:
-    """Whether an entry is read into process memory (EDGELLM_MMAP=0) rather than memory-mapped (the default):
-    there it sits on transparent huge pages (_read), and decode streams the weights from them 10-20% faster than
-    from a file mapping's 4 KiB pages, whose TLB misses each cost a page walk (a nested one on a VM): qwen3moe-1b
-    tg64 53 -> 62 t/s on the Zen 4 test VM. Not the default yet: a request restored from the disk prompt cache
-    answered ~30 ms later in memory (0.13 vs 0.10 s, unexplained), past that test's 10x bound. Mapped also when
-    the entry is over half of the memory available (pages are then faulted in as read, and the OS can drop them)."""
-    if os.environ.get("EDGELLM_MMAP", "1") != "0":
+    """Whether an entry is read into process memory (the default) rather than memory-mapped: there it sits on
+    transparent huge pages (_read), and decode streams the weights from them 10-20% faster than from a file
+    mapping's 4 KiB pages, whose TLB misses each cost a page walk (a nested one on a VM): qwen3moe-1b tg64 53 ->
+    62 t/s on the Zen 4 test VM. Mapped instead with EDGELLM_MMAP=1, or when the entry is over half of the memory
+    available (pages are then faulted in as read, and the OS can drop them)."""
+    if os.environ.get("EDGELLM_MMAP", "0") == "1":
         return False
     avail = _available_memory()
     return avail is not None and data_path.stat().st_size <= avail // 2

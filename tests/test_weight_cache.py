@@ -107,13 +107,14 @@ def test_an_entry_pruned_before_it_is_read_is_repacked_in_memory(tmp_path, cache
 
 
 def test_entries_are_read_into_memory_or_mapped(tmp_path, cache, monkeypatch):
-    """By default an entry's file is mapped; EDGELLM_MMAP=0 reads it into (read-only, huge-page advised) process
-    memory, unless it is over half of the memory available. The weights are the same either way."""
+    """By default an entry is read into (read-only, huge-page advised) process memory; EDGELLM_MMAP=1, or an entry
+    over half of the memory available, maps the file instead. The weights are the same either way."""
     m = write_tiny_model(tmp_path / "a.gguf", "llama", seed=1)
     monkeypatch.delenv("EDGELLM_MMAP", raising=False)
+    read, _ = _load(m)
+    monkeypatch.setenv("EDGELLM_MMAP", "1")
     mapped, base = _load(m)
     monkeypatch.setenv("EDGELLM_MMAP", "0")
-    read, _ = _load(m)
     monkeypatch.setattr(wc, "_available_memory", lambda: base.with_suffix(".bin").stat().st_size)
     big, _ = _load(m)  # twice the file would not fit in half of what is available
     for n in read:
