@@ -22,7 +22,7 @@ GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def _rmsnorm(out, x, w, eps):
     # out, x: (T, D)  w: (D,)
     T, D = x.shape
@@ -90,22 +90,22 @@ EXP_C4 = _F(float.fromhex("0x1.573e2ep-5"))
 EXP_C5 = _F(float.fromhex("0x1.0e4020p-7"))
 
 
-@jit
+@jit(inline="always")
 def ggml_expf(x):
     """One lane of ggml_v_expf (the AVX512F+DQ variant ggml_vec_soft_max_f32 uses), operation for operation:
     n = round(x*log2e) by the 1.5*2^23 shift trick, b = x - n*ln2 in two fnmadds, a degree-5 polynomial in
     fmas, res = scalef(j, n) (= j*2^n rounded once, done exactly in double); lanes with |n| > 192 become
-    0 (n <= 0) or inf."""
+    0 (n <= 0) or inf. Branch-free (selects), so loops over it vectorize."""
     z = fma32(x, EXP_LOG2E, EXP_SHIFT)
     n = z - EXP_SHIFT
     b = fma32(-n, EXP_LN2_LO, fma32(-n, EXP_LN2_HI, x))
-    if abs(n) > np.float32(192.0):
-        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
-    if n != n:
-        return n  # NaN in, NaN out
     u = b * b
     j = fma32(fma32(fma32(EXP_C5, b, EXP_C4), u, fma32(EXP_C3, b, EXP_C2)), u, fma32(EXP_C1, b, np.float32(1.0)))
-    return np.float32(np.float64(j) * _pow2_f64(np.int64(n)))
+    nc = min(max(n, np.float32(-192.0)), np.float32(192.0))  # in range for the exponent bits (NaN: selected away)
+    r = np.float32(np.float64(j) * _pow2_f64(np.int64(nc)))
+    r = np.float32(np.inf) if n > np.float32(192.0) else r
+    r = np.float32(0.0) if n < np.float32(-192.0) else r
+    return n if n != n else r  # NaN in, NaN out
 
 
 @jit
@@ -255,7 +255,7 @@ def f32_to_bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@jit(inline="always")
 def f16_bits(x):
     """IEEE binary16 bits (uint16) of the float32 whose bits are x (uint32), rounded to nearest even — what
     NumPy's astype(float16) and vcvtps2ph give (NaN -> quiet NaN of the same sign)."""
@@ -279,13 +279,13 @@ def f16_bits(x):
     return np.uint16(sgn + np.uint16(((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13))))
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@jit(inline="always")
 def f16_round(v):
     """float32 v rounded to the nearest float16 value (ties to even), as float32 (inf past the f16 range)."""
     return f16_bits_to_f32(np.int16(f16_bits(f32_to_bits(np.float32(v)))))
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def f16_bits_array(x):
     """(n,) uint32 float32 bits -> (n,) uint16 f16 bits (see f16_bits)."""
     out = np.empty(x.shape[0], np.uint16)
@@ -294,7 +294,7 @@ def f16_bits_array(x):
     return out
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def _geglu(out, gate, gate_bits, up, table):
     # GELU(gate) * up with ggml's f16 table (GGML_GELU_FP16): the input rounded to f16 indexes the table;
     # gate_bits is gate viewed as uint32
@@ -311,16 +311,16 @@ def _geglu(out, gate, gate_bits, up, table):
             out[t, f] = y * up[t, f]
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def _swiglu(out, gate, up):
-    T, F = gate.shape
-    for t in range(T):
-        for f in range(F):
-            g = gate[t, f]
-            out[t, f] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, f]
+    # ggml_vec_swiglu_f32's vector loop: silu(g) = g / (1 + ggml_v_expf(-g)), times up (one flat loop: vectorizes)
+    o, gf, uf = out.reshape(-1), gate.reshape(-1), up.reshape(-1)
+    for i in range(gf.size):
+        g = gf[i]
+        o[i] = g / (np.float32(1.0) + ggml_expf(-g)) * uf[i]
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def _swiglu_oai(out, gate, up, alpha, limit):
     # ggml_compute_forward_swiglu_oai_f32: x = min(gate, limit), y = clamp(up, -limit, limit),
     # x / (1 + expf(alpha * -x)) * (y + 1)
@@ -336,7 +336,7 @@ def _swiglu_oai(out, gate, up, alpha, limit):
             out[t, f] = glu * (y + np.float32(1.0))
 
 
-@nb.njit(cache=True, nogil=True)
+@jit
 def _swiglu_rows(out, gate, up, alpha, limit):
     _swiglu(out, gate, up)  # (alpha and limit are swiglu_oai's)
 
@@ -390,8 +390,9 @@ _ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """SiLU(gate) * up for (T, F) float32 arrays."""
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
     out = np.empty_like(gate)
-    _by_rows(_swiglu, out, (gate, up), ())
+    _by_rows(_swiglu, out, (gate, np.ascontiguousarray(up, dtype=np.float32)), ())
     return out
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import ggml_ref
 import numpy as np
 
-from kernels_cpu.ops import GELU_F16, apply_rope, expf, f16_bits_array, geglu, rope_tables
+from kernels_cpu.ops import GELU_F16, apply_rope, expf, f16_bits_array, geglu, rope_tables, swiglu
 
 # sha256 of ggml_table_gelu_f16 (libggml-cpu of llama-cpp-python 0.3.36, x86-64) at the finite f16 inputs, read
 # from the library after ggml_cpu_init(); non-finite inputs never index the table (ggml_vec_geglu_f32 handles
@@ -83,6 +83,23 @@ def test_expf_matches_numpy_twin_everywhere():
     assert np.isnan(expf(np.float32([np.nan])))[0]
     y = x[100_000:110_000]  # softmax inputs (<= 0, not subnormal results): ~2 ulp from exp
     np.testing.assert_allclose(expf(y), np.exp(y.astype(np.float64)), rtol=3e-7)
+
+
+def test_swiglu_is_ggmls_vector_loop():
+    """ggml_vec_swiglu_f32: silu(g) = g / (1 + ggml_v_expf(-g)), times up; the same per row whatever the batch
+    (and the prefill split over threads), and within float tolerance of float64 math."""
+    rng = np.random.default_rng(3)
+    g = (rng.standard_normal((200, 1024)) * 4).astype(np.float32)
+    u = rng.standard_normal((200, 1024)).astype(np.float32)
+    g[0, :6] = [0.0, -0.0, 90.0, -90.0, np.inf, -np.inf]
+    with np.errstate(invalid="ignore"):  # -inf / (1 + inf): NaN, as in ggml
+        want = g / (np.float32(1.0) + ggml_ref.expf(-g)) * u
+        ref = g.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64))) * u
+    got = swiglu(g, u)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    np.testing.assert_array_equal(_bits(swiglu(g[7:8], u[7:8])), _bits(got[7:8]))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-6, atol=1e-30)
 
 
 def test_rope_is_ggmls():
