@@ -28,6 +28,7 @@ from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32, ggml_expf
 
 _F32, _I64, _I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
 _PV_WIDTH = 16  # output elements per vector in the P @ V kernels
+PV_HEADS = 4  # query heads of a KV head summed together by pv_sgemm (each V slice loaded once for them)
 
 
 def _vec(n, ty=_F32):
@@ -213,11 +214,12 @@ class _PV:
     def k(self, x):
         return ir.Constant(_I64, x)
 
-    def fma_cell(self, acc, pw, cell, vrow, masked):
-        """acc += w[cell] * V[vrow : vrow + W] (one rounding); a masked cell outside first..last leaves acc."""
+    def fma_cell(self, acc, pw, cell, vrow, masked, v=None):
+        """acc += w[cell] * V[vrow : vrow + W] (one rounding; v: that V slice when already loaded); a masked cell
+        outside first..last leaves acc."""
         b, W = self.b, _PV_WIDTH
         a = b.load(acc)
-        f = _fma(b, _splat(b, b.load(b.gep(pw, [cell])), W), self.v.load(vrow, W), a)
+        f = _fma(b, _splat(b, b.load(b.gep(pw, [cell])), W), self.v.load(vrow, W) if v is None else v, a)
         if masked:
             ok = b.and_(b.icmp_signed(">=", cell, self.first), b.icmp_signed("<=", cell, self.last))
             f = b.select(ok, f, a)
@@ -235,15 +237,28 @@ class _PV:
         with b.if_then(b.icmp_signed(">", last_chunk, self.k(0))):
             body(last_chunk, True)
 
-    def over_outputs(self, head_sum):
-        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W] = head_sum(d0, w of g)."""
+    def over_outputs(self, head_sum, group_sum=None, hg: int = 1):
+        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W] = head_sum(d0, w of g);
+        with group_sum, heads hg at a time first (group_sum(d0, [w of each]) -> their outputs), the rest by
+        head_sum."""
         b, W = self.b, _PV_WIDTH
+
+        def put(g, d0, r):
+            po = b.gep(self.po0, [b.add(b.mul(g, self.nvd), d0)])
+            b.store(r, b.bitcast(po, _vec(W).as_pointer()), align=4)
+
+        def pw(g):
+            return b.gep(self.pw0, [b.mul(g, self.wstride)])
+
+        blocks = b.udiv(self.heads, self.k(hg)) if group_sum is not None else self.k(0)
         with cgutils.for_range(b, b.udiv(self.nvd, self.k(W))) as ld:
             d0 = b.mul(ld.index, self.k(W))
-            with cgutils.for_range(b, self.heads) as lg:
-                r = head_sum(d0, b.gep(self.pw0, [b.mul(lg.index, self.wstride)]))
-                po = b.gep(self.po0, [b.add(b.mul(lg.index, self.nvd), d0)])
-                b.store(r, b.bitcast(po, _vec(W).as_pointer()), align=4)
+            with cgutils.for_range(b, blocks) as lb:
+                gs = [b.add(b.mul(lb.index, self.k(hg)), self.k(h)) for h in range(hg)]
+                for g, r in zip(gs, group_sum(d0, [pw(g) for g in gs]) if group_sum is not None else []):
+                    put(g, d0, r)
+            with cgutils.for_range_slice(b, b.mul(blocks, self.k(hg)), self.heads, self.k(1)) as (g, _):
+                put(g, d0, head_sum(d0, pw(g)))
 
 
 def _pv_intrinsic(head_sums):
@@ -252,7 +267,7 @@ def _pv_intrinsic(head_sums):
     def typer(typingctx, o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads):
         def codegen(context, builder, sig, args):
             e = _PV(context, builder, sig, args)
-            e.over_outputs(head_sums(e, builder))
+            e.over_outputs(*head_sums(e, builder))
             return context.get_dummy_value()
         if kv_form(v) is None:
             return None
@@ -275,6 +290,30 @@ def pv_sgemm(e, b):
     per_pass = e.v.sgemm_lanes
     accs = [cgutils.alloca_once(b, _vec(_PV_WIDTH)) for _ in range(per_pass)]
 
+    def group_sum(d0, pws):
+        # len(pws) heads at once: each V slice is loaded once for all of them (per_pass // heads lanes a pass);
+        # every head's lanes sum the same cells in the same order as head_sum's
+        hg = len(pws)
+        lanes = per_pass // hg
+        xs = [[] for _ in pws]  # per head: the 16 lane sums, in lane order
+        for first_lane in range(0, 16, lanes):
+            for acc in accs:
+                b.store(e.zero, acc)
+
+            def chunk(c, masked):
+                row = b.add(b.load(b.gep(e.pbase, [c])), d0)
+                for li in range(lanes):
+                    lane = first_lane + li
+                    cell = b.add(b.mul(c, e.k(16)), e.k(lane))
+                    vrow = b.add(row, b.mul(e.stride, e.k(lane)))
+                    v = e.v.load(vrow, _PV_WIDTH)
+                    for h, pw in enumerate(pws):
+                        e.fma_cell(accs[h * lanes + li], pw, cell, vrow, masked, v)
+            e.over_chunks(chunk)
+            for h in range(hg):
+                xs[h] += [b.load(accs[h * lanes + li]) for li in range(lanes)]
+        return [_reduce16_list(b, x) for x in xs]
+
     def head_sum(d0, pw):
         xs = []  # the 16 lane sums, in lane order
         for first_lane in range(0, 16, per_pass):  # a pass over the chunks per group of lanes
@@ -289,7 +328,7 @@ def pv_sgemm(e, b):
             e.over_chunks(chunk)
             xs += [b.load(acc) for acc in accs]
         return _reduce16_list(b, xs)
-    return head_sum
+    return head_sum, group_sum, PV_HEADS
 
 
 # --- the kernel: the IR sums where they apply, the same sums in plain Numba elsewhere ----------------------------

@@ -60,7 +60,7 @@ def test_attention_rows_batch_invariant():
 
 
 @pytest.mark.parametrize("H,KVH,hd,window,softcap", [(4, 1, 256, 0, 0.0), (4, 2, 64, 5, 0.0), (2, 2, 48, 0, 30.0),
-                                                     (8, 4, 16, 7, 0.0)])
+                                                     (8, 4, 16, 7, 0.0), (16, 2, 32, 0, 0.0)])
 @pytest.mark.parametrize("P", [1, 17, 70])
 def test_paged_attention_is_ggml_order(H, KVH, hd, window, softcap, P):
     """Bit for bit the NumPy twin of llama.cpp's float operations (tests/ggml_ref.py) for a prefill chunk; a decode
@@ -98,12 +98,13 @@ def test_attention_sinks_are_ggml_order(form, P, window):
     from edgellm.engine.kv_cache import to_f16_bits
     from kernels_cpu.attention_q8 import Q8Cache, dequantize_q8_0, quantize_q8_0
 
-    H, KVH, hd = 4, 2, 64
+    H, KVH, hd = 12, 2, 64  # 6 heads a KV head: pv_sgemm sums 4 of them together (PV_HEADS), then 2 alone
     rng = np.random.default_rng(P + len(form))
     k = rng.normal(size=(P, KVH, hd)).astype(np.float32)
     v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
     q = (rng.normal(size=(P, H, hd)) * 3).astype(np.float32)
-    sinks = np.array([2.0, -1.0, 0.5, 30.0], np.float32)  # head 3: the sink dominates (its max replaces the row's)
+    # heads 3, 7, 11: the sink dominates (its max replaces the row's)
+    sinks = np.tile(np.float32([2.0, -1.0, 0.5, 30.0]), 3)
     if form == "f16":
         k, v = (x.astype(np.float16).astype(np.float32) for x in (k, v))
         kc, vc, bt = _paged(to_f16_bits(k), to_f16_bits(v), 16, rng)
