@@ -196,6 +196,58 @@ def vdot(typingctx, a, aoff, b, boff, n):
     return types.float32(a, aoff, b, boff, n), codegen
 
 
+def _reduce16x4(builder, vs):
+    """_reduce16 of four <16 x float> at once, the same additions per vector (lane i + lane i+8, then i + i+4, then
+    i + i^2, then lanes 0 + 1), with the four vectors' partial sums packed side by side: -> 4 float32."""
+    b = builder
+
+    def halves(x, y, hi, lo):  # lanes hi of x, then of y  +  lanes lo of x, then of y
+        return b.fadd(b.shuffle_vector(x, y, ir.Constant(_vec(16, _I32), hi)),
+                      b.shuffle_vector(x, y, ir.Constant(_vec(16, _I32), lo)))
+    # step 1: (a hi8 + a lo8 | b hi8 + b lo8), the same for c, d
+    hi8, lo8 = list(range(8, 16)) + list(range(24, 32)), list(range(8)) + list(range(16, 24))
+    ab, cd = halves(vs[0], vs[1], hi8, lo8), halves(vs[2], vs[3], hi8, lo8)
+    # step 2: per vector (8 lanes at 8j): hi4 + lo4 -> lanes 4j..4j+3 for a, b, c, d
+    hi4 = [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31]
+    lo4 = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]
+    u = halves(ab, cd, hi4, lo4)
+    # step 3: u[i] + u[i ^ 2] in each group of 4; step 4: lane 0 + lane 1 of each group
+    t = b.fadd(u, _lanes(b, u, [j ^ 2 for j in range(16)]))
+    r = b.fadd(t, _lanes(b, t, [j ^ 1 for j in range(16)]))
+    return [b.extract_element(r, ir.Constant(_I32, 4 * j)) for j in range(4)]
+
+
+@intrinsic
+def vdot4(typingctx, a, aoff, astride, b, boff, n):
+    """(vdot(a, aoff + j*astride, b, boff, n) for j < 4): four query heads against one cached K row, the row loaded
+    once; each dot in vdot's order (n % 64 == 0), the four reductions done side by side (_reduce16x4)."""
+    def codegen(context, builder, sig, args):
+        aoff_ = _as_i64(context, builder, sig.args[1], args[1])
+        ast = _as_i64(context, builder, sig.args[2], args[2])
+        pa = builder.gep(_data(context, builder, sig.args[0], args[0]), [aoff_])
+        pas = [builder.gep(pa, [builder.mul(ast, ir.Constant(_I64, j))]) for j in range(4)]
+        kb = _loader(context, builder, sig.args[3], args[3])
+        boff_ = _as_i64(context, builder, sig.args[4], args[4])
+        nn = _as_i64(context, builder, sig.args[5], args[5])
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_vec(16), [0.0] * 16)) for _ in range(4)]
+                for _ in range(4)]
+        with cgutils.for_range(builder, builder.udiv(nn, ir.Constant(_I64, 64))) as lp:
+            base = builder.mul(lp.index, ir.Constant(_I64, 64))
+            kv = [v for j in (0, 32) for v in kb.load32(builder.add(boff_, builder.add(base, ir.Constant(_I64, j))))]
+            for h in range(4):
+                for j, acc in enumerate(accs[h]):
+                    off = builder.add(base, ir.Constant(_I64, 16 * j))
+                    builder.store(_fma(builder, _vload(builder, pas[h], off), kv[j], builder.load(acc)), acc)
+        vs = []
+        for h in range(4):
+            s0, s1, s2, s3 = (builder.load(x) for x in accs[h])
+            vs.append(builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
+        return context.make_tuple(builder, sig.return_type, _reduce16x4(builder, vs))
+    if not (isinstance(a, types.Array) and a.dtype == types.float32 and kv_form(b)):
+        return None
+    return types.UniTuple(types.float32, 4)(a, aoff, astride, b, boff, n), codegen
+
+
 class _PV:
     """Codegen shared by the two P @ V intrinsics (same arguments: o, ooff, w, wstride, v, cbase, n_chunks,
     stride, first, last, vd, heads): pointers, the masked fma of one cell, the chunk loop, the output store."""
@@ -380,6 +432,17 @@ def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, acc, l
         o[ooff + d] = _tree16(lanes, 0)
 
 
+@jit(inline="always")
+def _score(s, m, at, g, x, scale, softcap, inv_cap):
+    # one KQ value: scaled, soft-capped, stored at s[at], folded into head g's max
+    x = x * scale  # ggml_soft_max_ext's scale (Gemma 3 scales q instead: the same for a power of 2)
+    if softcap > 0:  # ggml_scale(1/cap), ggml_tanh (tanhf), ggml_scale(cap)
+        x = np.float32(math.tanh(x * inv_cap)) * softcap
+    s[at] = x
+    if x > m[g]:
+        m[g] = x
+
+
 @jit  # no fastmath: every float operation below is one of llama.cpp's, in its order
 def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
                      job_lo, job_hi, s):
@@ -417,17 +480,22 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, win
             row0 = bt[b] * BS - b * BS  # cache row of cell p: row0 + p
             for p in range(max(lo, b * BS), min(pos, b * BS + BS - 1) + 1):
                 koff = ((row0 + p) * KVH + kh) * hd
-                for g in range(group):
+                g4 = 0  # heads 4 at a time (vdot4: the same dots), where head_dim has no leftovers
+                if hd_main == hd:
+                    for g4 in range(0, group - group % 4, 4):
+                        qoff = (t * H + kh * group + g4) * hd
+                        x0, x1, x2, x3 = vdot4(q, qoff, hd, kc, koff, hd_main)
+                        _score(s, m, g4 * S + p - base, g4, x0, scale, softcap, inv_cap)
+                        _score(s, m, (g4 + 1) * S + p - base, g4 + 1, x1, scale, softcap, inv_cap)
+                        _score(s, m, (g4 + 2) * S + p - base, g4 + 2, x2, scale, softcap, inv_cap)
+                        _score(s, m, (g4 + 3) * S + p - base, g4 + 3, x3, scale, softcap, inv_cap)
+                    g4 = group - group % 4
+                for g in range(g4, group):
                     qoff = (t * H + kh * group + g) * hd
                     x = vdot(q, qoff, kc, koff, hd_main)
                     for i in range(hd_main, hd):
                         x = fma32(q[qoff + i], kv_at(kc, koff + i), x)
-                    x = x * scale  # ggml_soft_max_ext's scale (Gemma 3 scales q instead: the same for a power of 2)
-                    if softcap > 0:  # ggml_scale(1/cap), ggml_tanh (tanhf), ggml_scale(cap)
-                        x = np.float32(math.tanh(x * inv_cap)) * softcap
-                    s[g * S + p - base] = x
-                    if x > m[g]:
-                        m[g] = x
+                    _score(s, m, g * S + p - base, g, x, scale, softcap, inv_cap)
         # softmax (ggml_compute_forward_soft_max_f32): e = ggml_v_expf(x - max), 0 for masked cells; per chunk a
         # reduce_add, summed in double; then every e times (float)(1.0 / sum). A sink (gpt-oss) joins the max and
         # adds expf(sink - max) (libm) to the sum: a logit with no value
