@@ -17,7 +17,7 @@ import numpy as np
 # matmul_iq / _k / _q register the IR bodies; the others generate parts of them (see _source_tag)
 from . import matmul_iq, matmul_ir, matmul_k, matmul_kquad, matmul_neon, matmul_q, repack
 from ._jit import host_features, jit
-from .ops import f16_round
+from .ops import bits_to_f32, f16_round, f32_to_bits
 from .matmul_ir import R, max_rows, qdot
 
 MB = 8  # activation rows per kernel call (at most)
@@ -38,39 +38,44 @@ def quantize_act(xq, dx, bs, s1, x, qb, off):
     """
     M, K = x.shape
     for m in range(M):
+        xr, qr = x[m], xq[m]
         for blk in range(K // qb):
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)  # the value of largest magnitude (first one on ties)
-            for k in range(blk * qb, (blk + 1) * qb):
-                a = abs(x[m, k])
-                if a > amax:
-                    amax = a
-                    vmax = x[m, k]
+            # per block slices: loops over a view's whole range vectorize (over a range inside the row they did not)
+            xb, cb = xr[blk * qb:(blk + 1) * qb], qr[blk * qb:(blk + 1) * qb]
+            top = np.uint32(0)  # bits of the largest |x| (|x| orders as its bits); NaN skipped as by a > amax
+            for k in range(qb):
+                a = f32_to_bits(xb[k]) & np.uint32(0x7FFFFFFF)
+                top = max(top, a if a <= np.uint32(0x7F800000) else np.uint32(0))
+            amax = bits_to_f32(top)
             if qb == 32:
                 d = amax / np.float32(127.0)
                 dx[m, blk] = f16_round(d)
                 inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
                 tot = np.int32(0)
-                for k in range(blk * qb, (blk + 1) * qb):
-                    c = np.int32(np.rint(x[m, k] * inv))
-                    xq[m, k] = c + off
+                for k in range(qb):
+                    c = np.int32(np.rint(xb[k] * inv))
+                    cb[k] = c + off
                     tot += c
                 if s1.shape[1]:
                     s1[m, 2 * blk] = f16_round(d * np.float32(tot))
                     s1[m, 2 * blk + 1] = np.float32(0.0)
             elif amax == 0:
                 dx[m, blk] = 0
-                for k in range(blk * qb, (blk + 1) * qb):
-                    xq[m, k] = off
+                for k in range(qb):
+                    cb[k] = off
             else:
-                iscale = np.float32(-127.0) / vmax
+                first = qb  # the first value of largest magnitude (its sign matters): an index min
+                for k in range(qb):
+                    first = min(first, k if (f32_to_bits(xb[k]) & np.uint32(0x7FFFFFFF)) == top else qb)
+                iscale = np.float32(-127.0) / xb[first]
                 dx[m, blk] = np.float32(1.0) / iscale
-                for k in range(blk * qb, (blk + 1) * qb):
-                    xq[m, k] = np.int32(min(np.float32(127.0), np.rint(iscale * x[m, k]))) + off
+                for k in range(qb):
+                    cb[k] = np.int32(min(np.float32(127.0), np.rint(iscale * xb[k]))) + off
         for j in range(K // 16):
+            cj = qr[16 * j:16 * j + 16]
             s = np.int32(0)
-            for k in range(16 * j, 16 * j + 16):
-                s += np.int32(xq[m, k]) - off
+            for k in range(16):
+                s += np.int32(cj[k]) - off
             bs[m, j] = s
 
 

@@ -269,6 +269,8 @@ def test_activation_quantization_twin(qt):
     x = (rng.standard_normal((3, 512)) * 4).astype(np.float32)
     x[1, :256] = 0  # all-zero blocks
     x[2, 300] = -50.0  # a negative extreme (Q8_K takes the sign of the largest-magnitude value)
+    x[0, [260, 270]] = 60.0, -60.0  # ties of |x| (the first one sets the sign of codes and scale alike)
+    x[2, [20, 30]] = -60.0, 60.0
     pw = prepare_weight(random_weight(qt, 16, 512, rng), qt, (16, 512))
     xq, dx, bs = _prepare_x(x, pw)
     if xq.dtype == np.uint8:  # the VNNI form of the 32-block formats: codes + 128
