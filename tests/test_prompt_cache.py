@@ -476,12 +476,12 @@ def test_second_process_with_the_same_long_prefix_answers_the_same_ten_times_soo
     from prompt_cache import cold_and_warm  # benchmarks/prompt_cache.py: the same child processes
 
     # max_batch 2: the default model's sliding-window layers are trimmed (their window K/V must be restored)
-    # 3 rounds: the median of 3 timings each (2 were their mean: one slow request under load decided the test)
-    first, second = cold_and_warm(tmp_path, rounds=3, tokens=1000, max_batch=2)
+    # 5 rounds: the median of 5 timings each (one slow request under load must not decide the test)
+    first, second = cold_and_warm(tmp_path, rounds=5, tokens=1000, max_batch=2)
     assert first["trimmed"] and second["trimmed"]
     assert [(w["ids"], w["logprobs"]) for w in second["warm"]] == [(c["ids"], c["logprobs"]) for c in first["cold"]]
     assert all(w["cached"] == 992 for w in second["warm"]) and all(n["cached"] < 16 for n in second["new"])
-    assert second["stats"]["disk_hit_blocks"] >= 3 * 62 and second["stats"]["disk_bad_files"] == 0
+    assert second["stats"]["disk_hit_blocks"] >= 5 * 62 and second["stats"]["disk_bad_files"] == 0
     warm, cold = (float(np.median([r["ttft"] for r in second[k]])) for k in ("warm", "new"))
     first_cold = float(np.median([r["ttft"] for r in first["cold"]]))
     print(f"TTFT of a 1,000-token prompt: cold {cold:.3f} s (first process {first_cold:.3f} s), restored from disk "

@@ -223,17 +223,13 @@ class KVCacheManager:
 
     def _read_disk(self, req, hit: PrefixHit) -> list | None:
         """The rows of hit.disk's blocks from their files, all checked; None if any is missing or bad."""
-        m, ids, out = len(hit.blocks), req.all_ids, []
+        m, ids = len(hit.blocks), req.all_ids
         lo = self._window_start(hit)
         if self.windows is not None and len(hit.disk) + m - max(lo, m) > self.windows.n_spare(
                 self._keep(hit.blocks, hit.tokens)):
             raise RuntimeError("no sliding-window slots for a disk hit that lookup offered")
-        for i, h in enumerate(hit.disk, m):
-            rows = self.disk.load(h, ids[i * self.bs:(i + 1) * self.bs], windowed=i >= lo)
-            if rows is None:
-                return None
-            out.append(rows)
-        return out
+        out = self.disk.load_many([(h, ids[i * self.bs:(i + 1) * self.bs], i >= lo) for i, h in enumerate(hit.disk, m)])
+        return None if any(rows is None for rows in out) else out
 
     def _window_start(self, hit: PrefixHit) -> int:
         """First block the query after hit attends to in sliding-window layers (len of the hit: none)."""
