@@ -249,8 +249,8 @@ def vdot4(typingctx, a, aoff, astride, b, boff, n):
 
 
 class _PV:
-    """Codegen shared by the two P @ V intrinsics (same arguments: o, ooff, w, wstride, v, cbase, n_chunks,
-    stride, first, last, vd, heads): pointers, the masked fma of one cell, the chunk loop, the output store."""
+    """Codegen of the P @ V intrinsic (arguments: o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd,
+    heads): pointers, the masked fma of one cell, the chunk loop, the output store."""
 
     def __init__(self, context, builder, sig, args):
         ty, b = sig.args, builder
@@ -289,10 +289,9 @@ class _PV:
         with b.if_then(b.icmp_signed(">", last_chunk, self.k(0))):
             body(last_chunk, True)
 
-    def over_outputs(self, head_sum, group_sum=None, hg: int = 1):
-        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W] = head_sum(d0, w of g);
-        with group_sum, heads hg at a time first (group_sum(d0, [w of each]) -> their outputs), the rest by
-        head_sum."""
+    def over_outputs(self, head_sum, group_sum, hg: int):
+        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W], heads hg at a time by
+        group_sum(d0, [w of each]) -> their outputs, the rest one by one by head_sum(d0, w of g)."""
         b, W = self.b, _PV_WIDTH
 
         def put(g, d0, r):
@@ -302,20 +301,21 @@ class _PV:
         def pw(g):
             return b.gep(self.pw0, [b.mul(g, self.wstride)])
 
-        blocks = b.udiv(self.heads, self.k(hg)) if group_sum is not None else self.k(0)
+        blocks = b.udiv(self.heads, self.k(hg))
         with cgutils.for_range(b, b.udiv(self.nvd, self.k(W))) as ld:
             d0 = b.mul(ld.index, self.k(W))
             with cgutils.for_range(b, blocks) as lb:
                 gs = [b.add(b.mul(lb.index, self.k(hg)), self.k(h)) for h in range(hg)]
-                for g, r in zip(gs, group_sum(d0, [pw(g) for g in gs]) if group_sum is not None else []):
+                for g, r in zip(gs, group_sum(d0, [pw(g) for g in gs])):
                     put(g, d0, r)
             with cgutils.for_range_slice(b, b.mul(blocks, self.k(hg)), self.heads, self.k(1)) as (g, _):
                 put(g, d0, head_sum(d0, pw(g)))
 
 
 def _pv_intrinsic(head_sums):
-    """A P @ V intrinsic (arguments: those of _PV) from head_sums(e, b) -> head_sum(d0, pw): the 16 outputs of
-    one head for the slice d0 of V (see _PV.over_outputs)."""
+    """A P @ V intrinsic (arguments: those of _PV) from head_sums(e, b) -> (head_sum(d0, pw): the 16 outputs of
+    one head for the slice d0 of V, group_sum(d0, pws): those of several heads, their number; see
+    _PV.over_outputs)."""
     def typer(typingctx, o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads):
         def codegen(context, builder, sig, args):
             e = _PV(context, builder, sig, args)
@@ -458,6 +458,7 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, win
     group = H // KVH
     S = len(s) // group
     hd_main = hd - hd % 64
+    g_quads = group - group % 4 if hd_main == hd else 0  # heads whose KQ dots go 4 at a time (vdot4: no leftovers)
     cbase = np.empty(S // 16 + 1, np.int64)  # per chunk: V offset of its first cell
     m = np.empty(group, np.float32)
     vacc = np.empty((16, vd), np.float32)
@@ -480,17 +481,11 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, win
             row0 = bt[b] * BS - b * BS  # cache row of cell p: row0 + p
             for p in range(max(lo, b * BS), min(pos, b * BS + BS - 1) + 1):
                 koff = ((row0 + p) * KVH + kh) * hd
-                g4 = 0  # heads 4 at a time (vdot4: the same dots), where head_dim has no leftovers
-                if hd_main == hd:
-                    for g4 in range(0, group - group % 4, 4):
-                        qoff = (t * H + kh * group + g4) * hd
-                        x0, x1, x2, x3 = vdot4(q, qoff, hd, kc, koff, hd_main)
-                        _score(s, m, g4 * S + p - base, g4, x0, scale, softcap, inv_cap)
-                        _score(s, m, (g4 + 1) * S + p - base, g4 + 1, x1, scale, softcap, inv_cap)
-                        _score(s, m, (g4 + 2) * S + p - base, g4 + 2, x2, scale, softcap, inv_cap)
-                        _score(s, m, (g4 + 3) * S + p - base, g4 + 3, x3, scale, softcap, inv_cap)
-                    g4 = group - group % 4
-                for g in range(g4, group):
+                for g4 in range(0, g_quads, 4):  # heads 4 at a time: vdot4, the same dots
+                    xs = vdot4(q, (t * H + kh * group + g4) * hd, hd, kc, koff, hd_main)
+                    for j in range(4):
+                        _score(s, m, (g4 + j) * S + p - base, g4 + j, xs[j], scale, softcap, inv_cap)
+                for g in range(g_quads, group):
                     qoff = (t * H + kh * group + g) * hd
                     x = vdot(q, qoff, kc, koff, hd_main)
                     for i in range(hd_main, hd):

@@ -64,7 +64,7 @@ def quantize_act(xq, dx, bs, s1, x, qb, off):
                 for k in range(qb):
                     cb[k] = off
             else:
-                first = qb  # the first value of largest magnitude (its sign matters): an index min
+                first = qb  # the first value of largest magnitude (its sign is the codes'): an index min
                 for k in range(qb):
                     first = min(first, k if (f32_to_bits(xb[k]) & np.uint32(0x7FFFFFFF)) == top else qb)
                 iscale = np.float32(-127.0) / xb[first]

@@ -116,6 +116,7 @@ class PromptCache:
             name, _, w = p.stem.rpartition("-")
             if w in ("0", "1") and len(name) == 32 and self._index.get(name) is not True:
                 self._index[name] = w == "1"
+        # bytes of each store's block rows, of the global stores' together and of the window stores'
         sizes = [int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt, _ in self.layout]
         self._store_sizes = (sizes, sum(n for n, (_, _, t) in zip(sizes, self.layout) if not t),
                              sum(n for n, (_, _, t) in zip(sizes, self.layout) if t))
@@ -183,7 +184,7 @@ class PromptCache:
         """[load(h, tokens, windowed=w) for (h, tokens, w) in blocks], the rows read into one buffer this cache
         keeps: valid until the next load_many (a restored 1,000-token prompt of the default model is ~36 MB;
         fresh buffers per file cost a page fault per 4 KiB on every restore)."""
-        _, g_size, w_size = self._sizes()
+        _, g_size, w_size = self._store_sizes
         need = [g_size + (w_size if w else 0) for _, _, w in blocks]
         if self._rows.size < sum(need):  # huge-page advised: ~20 page faults instead of ~9,000 on its first use
             buf = mmap.mmap(-1, sum(need), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -275,15 +276,11 @@ class PromptCache:
                 d.update(x)
         return [_HEAD.pack(MAGIC, len(header), dg.digest(), dw.digest()), header, *parts[0], *parts[1]]
 
-    def _sizes(self) -> tuple[list[int], int, int]:
-        """Bytes of each store's block rows, of the global stores' together and of the window stores'."""
-        return self._store_sizes
-
     def _read(self, f, h: str, tokens: list[int], w: bool, windowed: bool, rows: memoryview | None
               ) -> tuple[list, int]:
         """Read and check a block file (w: its name says it holds window rows) into rows (a buffer of the rows'
         bytes; None: a new one) -> (rows per store, bytes read); ValueError says what is wrong."""
-        sizes, g_size, w_size = self._sizes()
+        sizes, g_size, w_size = self._store_sizes
         if windowed and not w:
             raise ValueError("holds no sliding-window rows")
         head = f.read(_HEAD.size)

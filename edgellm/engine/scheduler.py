@@ -172,8 +172,8 @@ class Scheduler:
     def _draft(self, req: Request, end: int) -> list[int]:
         """Draft tokens for req's item when it reaches the request's last token (none for a chunk that stops short
         of it, e.g. while recomputing generated tokens after a preemption, or for grammar-constrained requests),
-        as many as its max_tokens and context leave room for. The step budget is not consulted: decode rows come first and max_batch * (1 + max_k) rows stay below it, so a request's
-        drafts never depend on the batch."""
+        as many as its max_tokens and context leave room for. The step budget is not consulted: decode rows come
+        first and max_batch * (1 + max_k) rows stay below it, so a request's drafts never depend on the batch."""
         if self.speculator is None or end != req.n_tokens or req.matcher is not None:
             return []
         room = min(req.params.max_tokens - len(req.output_ids), req.max_len - req.n_tokens) - 1
