@@ -27,9 +27,13 @@ FORMAT = 2  # entry layout: 2 = a 3-D expert tensor is one entry, its experts' c
 
 
 def _code_tag() -> str:
+    """The repacking code and the layouts it chose for this target (some differ per vector width, e.g. with a
+    forced EDGELLM_ISA): a cached weight is only reused where it was made the same way."""
     import kernels_cpu.repack as rp
 
-    return hashlib.sha256(Path(rp.__file__).read_bytes()).hexdigest()[:12]
+    h = hashlib.sha256(Path(rp.__file__).read_bytes())
+    h.update(repr(sorted((int(q), lay.planes) for q, lay in rp.LAYOUTS.items())).encode())
+    return h.hexdigest()[:12]
 
 
 def _source(g: GGUFFile) -> dict:

@@ -21,7 +21,7 @@ from ._jit import host_features
 from .handoff import handoff_seconds
 from .matmul_driver import driver, quantize_act, quantize_act_split, split_driver
 from . import parallel
-from .repack import LAYOUTS, QUAD_K, repack
+from .repack import LAYOUTS, QUAD_32, QUAD_K, repack
 
 # Work (multiply-adds) below which one thread is used: splitting costs more than it saves. With a prange
 # pool (FAST_PRANGE: a ~2 µs hand-off) from PARALLEL_MIN_MACS; with the Python-level hand-off from
@@ -128,8 +128,9 @@ _NO_S1 = np.zeros((1, 0), np.float32)
 # Weights whose llama.cpp dot product takes block_q8_1 activations: the min term uses the block's f16 sum s.
 _Q8_1_WEIGHTS = frozenset({QuantType.Q4_1, QuantType.Q5_1})
 # int8 activations on every target: the table-lookup formats (matmul_iq: looked-up int8 weights x int8 codes) and
-# the k-quants stored as quad vectors (matmul_kquad: unsigned codes x int8 codes, vpdpbusd / vpmaddubsw)
-_S8_WEIGHTS = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4}) | QUAD_K
+# the formats stored as quad vectors (the k-quants on x86, the 32-block nibble formats on AVX2: unsigned codes x
+# int8 codes, vpdpbusd / vpmaddubsw; their layout has no int16 form)
+_S8_WEIGHTS = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4}) | QUAD_K | QUAD_32
 
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):

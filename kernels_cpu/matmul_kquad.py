@@ -69,9 +69,10 @@ def q4_k_quads(e: Emit, t) -> list:
     return nib_quads(e, t)
 
 
-def q5_k_quads(e: Emit, t) -> list:
-    """Codes 0..31: bit 4 of quad l is bit l of the bitq vector."""
-    run = _run(Q.Q5_K)
+def q5_k_quads(e: Emit, t, run: int | None = None) -> list:
+    """Codes 0..31: bit 4 of quad l is bit l of the bitq vector (after the run's nibq bytes; runs of `run` bytes,
+    Q5_K's by default)."""
+    run = _run(Q.Q5_K) if run is None else run
     hb = _load(e, e.lin(t, run, NIB_RUN))
     return [e.b.or_(q, e.b.and_(_shift(e, hb, 4 - l), _bytes(e, 16))) for l, q in enumerate(nib_quads(e, t, run))]
 
@@ -154,10 +155,12 @@ def form(e: Emit) -> Form:
     return FORMS["vnni"] if e.has_vnni("vpdpbusd") else FORMS["madd"]
 
 
-def quad_sums(e: Emit, mb: int, quads: Callable, scale: Callable, per_scale: int, chunk: int) -> list:
-    """Exact per-row sums (<W x i32>) over the block's 8 runs of scale * code * x: quads(e, t) -> the run's 8
-    quad vectors of codes; scale(e, t, pp) -> <W x i32> scales of pair pp of run t, shared by `per_scale`
-    consecutive quads; `chunk` quads (dividing per_scale) summed in int16 by the madd form."""
+def quad_sums(e: Emit, mb: int, quads: Callable, scale: Callable, per_scale: int, chunk: int,
+              runs: int = 8) -> list:
+    """Exact per-row sums (<W x i32>) over the block's `runs` runs (8 of a super-block, 1 of a 32-block) of
+    scale * code * x: quads(e, t) -> the run's 8 quad vectors of codes; scale(e, t, pp) -> <W x i32> scales of
+    pair pp of run t, shared by `per_scale` consecutive quads; `chunk` quads (dividing per_scale) summed in int16
+    by the madd form."""
     fm = form(e)
 
     def xq(t):
@@ -170,4 +173,5 @@ def quad_sums(e: Emit, mb: int, quads: Callable, scale: Callable, per_scale: int
                            state, chunk)
         return state
 
-    return e.loop(8, step, [e.zeros_i32()] * mb)
+    zero = [e.zeros_i32()] * mb
+    return e.loop(runs, step, zero) if runs > 1 else step(0, zero)

@@ -4,6 +4,8 @@ Repacked layout of one (row group, block) — see repack.py:
   qs: pair vectors of 32 bytes (lane 2r+e = row r, element 2p+e), 4-bit codes two pairs per vector
       (low nibble = pair v, high nibble = pair v+8), Q5 high bits as one u32 per pair (bit = lane);
   sc: f16 d for the 16 rows, then (Q4_1 / Q5_1) f16 m for the 16 rows.
+On x86 without AVX-512 (repack.QUAD_32) the nibble formats' qs is instead one run of 32 as matmul_kquad stores
+the k-quants': 4 nibble vectors of quads ("nibq"), then Q5's fifth bits as one bit-plane vector ("bitq").
 Activations: int16 (quantized per 32 like Q8_0), dx per 32; for the formats with a min (Q4_1, Q5_1) bs holds
 the Q8_1 block sum s = f16(d*sum(xq)) (float32, even columns), as llama.cpp's block_q8_1.
 y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * s for the formats with a min): the block's integer sum is exact, then
@@ -14,7 +16,9 @@ from __future__ import annotations
 from quant.types import QuantType as Q
 
 from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
+from .matmul_kquad import nib_quads, q5_k_quads, quad_sums
 from .matmul_neon import s8_sums
+from .repack import LAYOUTS, QUAD_32
 
 
 def _finish32(e: Emit, mb: int, sums: list, with_min: bool) -> None:
@@ -69,12 +73,25 @@ def _nibble_pairs(e: Emit, offset: int, high_bits: bool):
     return pairs
 
 
-def _nibble_body(offset: int, high_bits: bool, with_min: bool):
-    """Q4_0 / Q4_1 / Q5_0 / Q5_1. With int8 activations (AVX2): unsigned codes x activations by vpmaddubsw
-    (8 pairs, or 4 with the fifth bit, summed in int16), minus offset * (the block's activation sum)."""
+def _nibble_body(qt: Q, offset: int, high_bits: bool, with_min: bool):
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1. With int8 activations on x86: unsigned codes x activations, minus offset * (the
+    block's activation sum); as quad vectors (repack.QUAD_32: AVX2 / AVX-VNNI, 8-row slices) one vpmaddubsw (or
+    vpdpbusd) per 4 elements of 8 rows, as matmul_kquad's run of 32; else by pair vectors (u8w_sums: 8 pairs, or
+    4 with the fifth bit, summed in int16)."""
     max_code = max(offset, (32 if high_bits else 16) - 1 - offset)  # largest |code - offset|
+    run = LAYOUTS[qt].qbytes  # one run of 32 elements: nibq bytes, then Q5's bitq
+
+    def quads(e: Emit, t):
+        return q5_k_quads(e, t, run) if high_bits else nib_quads(e, t)
 
     def body(e: Emit, mb: int) -> None:
+        if qt in QUAD_32 and e.x_s8 and not e.neon:
+            sums = quad_sums(e, mb, quads, lambda e_, t, pp: e.c32(1), 8, 4 if high_bits else 8, runs=1)
+            if offset:
+                sums = [e.b.sub(sums[i], e.mul(e.splat(e.add(e.bsum(i, 0), e.bsum(i, 1)), e.w), e.c32(offset)))
+                        for i in range(mb)]
+            _finish32(e, mb, sums, with_min)
+            return
         if not e.x_s8:
             _finish32(e, mb, _signed_sums(e, mb, _nibble_pairs(e, offset, high_bits)), with_min)
             return
@@ -111,10 +128,9 @@ def _q8_0(e: Emit, mb: int) -> None:
     _finish32(e, mb, sums, False)
 
 
-register(Q.Q4_0)(_nibble_body(8, False, False))
-register(Q.Q4_1)(_nibble_body(0, False, True))
-register(Q.Q5_0)(_nibble_body(16, True, False))
-register(Q.Q5_1)(_nibble_body(0, True, True))
+for _qt, _args in {Q.Q4_0: (8, False, False), Q.Q4_1: (0, False, True), Q.Q5_0: (16, True, False),
+                   Q.Q5_1: (0, True, True)}.items():
+    register(_qt, sliced=_qt in QUAD_32)(_nibble_body(_qt, *_args))
 
 
 # -- float formats: qs holds 32 k-values x 16 rows (row fastest); activations are float32 ----------------------

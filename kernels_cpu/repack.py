@@ -17,7 +17,7 @@ from quant.iquants import iq4_xs_scales
 from quant.types import FORMATS
 from quant.types import QuantType as Q
 
-from ._jit import ARM, jit
+from ._jit import ARM, host_features, jit
 
 R = 16
 _GROUP_CHUNK = 1024  # groups repacked per step (bounds the temporary arrays)
@@ -141,16 +141,23 @@ def _split_float(dtype):
 QUAD_K: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 
+# The 32-element block formats with unsigned codes whose kernels take quad vectors on x86 without AVX-512 (AVX2,
+# AVX-VNNI: 8-row slices; matmul_q's quad bodies): planes "nibq" (+ "bitq"), as the k-quants' run of 32. With
+# AVX-512 they keep the pair vectors (vpdpwssd at one row, the uint8 VNNI form from 4), on AArch64 too (NEON).
+QUAD_32: frozenset[Q] = (frozenset() if ARM or {"avx512f", "avx512bw"} <= host_features()
+                         else frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}))
+
+
 def _k_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
-    return quads if qtype in QUAD_K else pairs
+    return quads if qtype in QUAD_K | QUAD_32 else pairs
 
 
 LAYOUTS: dict[Q, Layout] = {
     Q.Q8_0: Layout(32, 512, 32, 32, _split_q8_0, ("q8",)),
-    Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, ("nib",)),
-    Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, ("nib",)),
-    Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, ("nib", "bit4")),
-    Q.Q5_1: Layout(32, 320, 64, 32, _split_q5_1, ("nib", "bit4")),
+    Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, _k_planes(Q.Q4_0, ("nib",), ("nibq",))),
+    Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, _k_planes(Q.Q4_1, ("nib",), ("nibq",))),
+    Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, _k_planes(Q.Q5_0, ("nib", "bit4"), ("nibq", "bitq"))),
+    Q.Q5_1: Layout(32, 320, 64, 32, _split_q5_1, _k_planes(Q.Q5_1, ("nib", "bit4"), ("nibq", "bitq"))),
     Q.IQ4_NL: Layout(32, 256, 32, 32, _split_iq4_nl, ("nibq",)),
     Q.MXFP4: Layout(32, 256, 16, 32, _split_mxfp4, ("nibq",)),
     Q.IQ4_XS: Layout(256, 2048, 160, 256, _split_iq4_xs, ("nibq",)),

@@ -81,6 +81,9 @@ ASM_EXPECT = {
     ("avx2", "Q5_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q6_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q8_0"): ("vpmaddwd",),  # signed weights: int16 pairs
+    # the 32-block nibble formats' quad vectors on AVX2 (repack.QUAD_32), as the k-quants'
+    ("avx2", "Q4_0"): ("vpmaddubsw", "vpmaddwd"),
+    ("avx2", "Q5_0"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2", "Q3_K"): ("vpmaddubsw", "vpmaddwd"),
     ("avx2-vnni", "Q4_K"): ("vpdpbusd",),
     ("avx2-vnni", "Q6_K"): ("vpdpbusd",),
@@ -104,6 +107,10 @@ ASM_EXPECT = {
 
 # AVX2's 16 ymm registers: LLVM keeps IQ4_NL's nibble mask in a stack slot and reloads it once per block
 SPILL_LIMIT = {("avx2", "IQ4_NL"): 1}
+# instructions of the decode loop per instruction of its multiply-add (the first of ASM_EXPECT), at most: Q5_0's
+# fifth bits by shifts of one bit-plane vector (its pair-vector layout took a broadcast, shuffle, compare and mask
+# per pair: 15 a vpmaddubsw, now 10.5)
+DENSITY_LIMIT = {("avx2", "Q5_0"): 12}
 
 
 X86_JUMP = r"^\s+j\w+\s+(\.LBB\S+)"
@@ -142,6 +149,10 @@ def test_decode_kernel_instructions(isa, qt):
         assert re.search(rf"\b{op}\b", asm), f"{isa} {qt}: no {op}"
     limit = SPILL_LIMIT.get((isa, qt), 0)
     assert hot_loop_spills(asm, ASM_EXPECT[isa, qt][0]) <= limit, f"{isa} {qt}: vector spills in the decode loop"
+    if (isa, qt) in DENSITY_LIMIT:
+        loop = [l for l in hot_loop(asm, ASM_EXPECT[isa, qt][0]) if re.match(r"^\s+[a-z]", l)]
+        n_op = sum(bool(re.search(rf"\b{ASM_EXPECT[isa, qt][0]}\b", l)) for l in loop)
+        assert len(loop) <= DENSITY_LIMIT[isa, qt] * n_op, f"{isa} {qt}: {len(loop)} instructions for {n_op}"
     if isa.startswith("avx2"):
         assert "zmm" not in asm, f"{isa} {qt}: an AVX-512 register in an AVX2 build"
     assert "vpmuldq" not in asm  # the int64-widening fallback that plain Numba loops give

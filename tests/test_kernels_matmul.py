@@ -323,8 +323,9 @@ def test_portable_ir_paths(monkeypatch, feats, qt):
 
 # The activation forms besides int16, each with the formats it serves: uint8 codes + 128 (the VNNI form,
 # vpdpbusd) for the 32-block formats; int8 codes (the unsigned-weight form, vpmaddubsw) for all but Q8_0 and the
-# formats that take int8 codes whatever the flags (the table-lookup formats; the k-quants' quad vectors on x86).
-FORM_CASES = [("ACT_U8", np.uint8, q) for q in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)] + \
+# formats that take int8 codes whatever the flags (the table-lookup formats; the quad vectors of the k-quants on x86
+# and of the 32-block nibble formats on AVX2).
+FORM_CASES = [("ACT_U8", np.uint8, q) for q in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1) if q not in _S8_WEIGHTS] + \
              [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0 and q not in _S8_WEIGHTS]
 
 
