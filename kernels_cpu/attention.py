@@ -79,19 +79,22 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     if sinks.shape not in ((0,), (H,)):
         raise ValueError(f"sinks must have shape ({H},), got {sinks.shape}")
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
-    max_ctx = int(positions.max()) + 1 if T else 1
+    max_ctx = (int(positions[0]) if T == 1 else int(positions.max()) if T else 0) + 1  # (T = 1: no reduction)
     group = H // KVH
     # split (row, KV head) jobs over threads when there is enough work per thread (~64k MACs)
     work = max(1, (max_ctx if not window else min(max_ctx, window)) * (hd + vcache.shape[3]) * group)
     dims = (H, KVH, hd, vcache.shape[3], BS)
     # per (row, KV head) job: the cells it reads (causal rows late in a prompt do more; split by that work)
-    ctx = positions + 1 if not window else np.minimum(positions + 1, window)
+    cost = None
+    if T > 1:
+        ctx = positions + 1 if not window else np.minimum(positions + 1, window)
+        cost = np.repeat(ctx + 16, KVH)
     parallel_for(_paged_attention, T * KVH, max(1, 65536 // work),
                  lambda: np.empty(group * (max_ctx + 128), np.float32),
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  _flat(kcache), _flat(vcache), dims,
                  positions, row_seq, block_tables, int(window), np.float32(scale), np.float32(softcap), sinks,
-                 cost=None if T == 1 else np.repeat(ctx + 16, KVH), split=_paged_attention_split)
+                 cost=cost, split=_paged_attention_split)
     return out
 
 

@@ -44,6 +44,49 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return out.reshape(shape)
 
 
+@jit
+def _residual_norm(h, x, y, w_post, w_next, eps, post, norm_next):
+    # x (T, D) in place: x += rmsnorm(y, w_post) if post else y; then (norm_next) h (T, D) = rmsnorm(x, w_next).
+    # The float operations of _rmsnorm and NumPy's x + y, in their order: bit-identical to the separate ops.
+    T, D = x.shape
+    for t in range(T):
+        if post:
+            ss = 0.0
+            for d in range(D):
+                ss += np.float64(y[t, d] * y[t, d])
+            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
+            for d in range(D):
+                x[t, d] = x[t, d] + y[t, d] * scale * w_post[d]
+        else:
+            for d in range(D):
+                x[t, d] = x[t, d] + y[t, d]
+        if norm_next:
+            ss = 0.0
+            for d in range(D):
+                ss += np.float64(x[t, d] * x[t, d])
+            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
+            for d in range(D):
+                h[t, d] = x[t, d] * scale * w_next[d]
+
+
+_NO_NORM = np.zeros(1, np.float32)
+
+
+def residual_norm(x: np.ndarray, y: np.ndarray, w_post: np.ndarray | None, w_next: np.ndarray | None,
+                  eps: float) -> np.ndarray | None:
+    """The residual step between two blocks in one call: x += rmsnorm(y, w_post) (x += y when w_post is None),
+    in place, then the next block's input rmsnorm(x, w_next) (None when w_next is None). x, y: (T, D) float32, x
+    C-contiguous (the caller's residual stream); w_post, w_next: (D,). Bit-identical to the separate ops."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim != 2:
+        raise ValueError(f"residual_norm: x must be a C-contiguous float32 (T, D) array, got {x.dtype} {x.shape}")
+    y = np.ascontiguousarray(y, dtype=np.float32).reshape(x.shape)
+    h = np.empty_like(x) if w_next is not None else x  # (not written without w_next)
+    wp = _NO_NORM if w_post is None else np.ascontiguousarray(w_post, dtype=np.float32)
+    wn = _NO_NORM if w_next is None else np.ascontiguousarray(w_next, dtype=np.float32)
+    _by_rows(_residual_norm, h, (x, y), (wp, wn, np.float32(eps), w_post is not None, w_next is not None))
+    return h if w_next is not None else None
+
+
 def _by_rows(kernel, out, row_args: tuple, args: tuple) -> None:
     """kernel(out, *row_args, *args) over row chunks of out / row_args (on several threads for many rows)."""
     n = out.shape[0]
@@ -384,8 +427,15 @@ def _swiglu_oai_split(out, gate, up, alpha, limit, bounds):
         _swiglu_oai(out[lo:hi], gate[lo:hi], up[lo:hi], alpha, limit)
 
 
+@parallel_jit
+def _residual_norm_split(h, x, y, w_post, w_next, eps, post, norm_next, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _residual_norm(h[lo:hi], x[lo:hi], y[lo:hi], w_post, w_next, eps, post, norm_next)
+
+
 _ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_split,
-               _swiglu_oai: _swiglu_oai_split}
+               _swiglu_oai: _swiglu_oai_split, _residual_norm: _residual_norm_split}
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import ggml_ref
 import numpy as np
+import pytest
 
 from kernels_cpu.ops import GELU_F16, apply_rope, expf, f16_bits_array, geglu, rope_tables, swiglu
 
@@ -128,3 +129,24 @@ def test_rope_fma_order():
         big = np.zeros((5, 3, 64), np.float32)
         big[..., ::2] = x
         np.testing.assert_array_equal(apply_rope(big[..., ::2], cos, sin, neox=neox), want)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 300])  # 300: split over the threads
+@pytest.mark.parametrize("post,nxt", [(True, True), (True, False), (False, True), (False, False)])
+def test_residual_norm_is_the_separate_ops(rows, post, nxt):
+    """x += rmsnorm(y, w_post) (or y), then rmsnorm(x, w_next), in one call: bit for bit the separate ops."""
+    from kernels_cpu.ops import residual_norm, rmsnorm
+
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, 640)) * 3).astype(np.float32)
+    y = (rng.standard_normal((rows, 640)) * 40).astype(np.float32)
+    y[0, :7] = [0, 1e-30, -1e-30, 1e30, -1e30, 7, -7]
+    wp, wn = (rng.standard_normal(640).astype(np.float32) for _ in range(2))
+    want_x = x + (rmsnorm(y, wp, 1e-6) if post else y)
+    want_h = rmsnorm(want_x, wn, 1e-6)
+    h = residual_norm(x, y, wp if post else None, wn if nxt else None, 1e-6)
+    np.testing.assert_array_equal(x, want_x)
+    if nxt:
+        np.testing.assert_array_equal(h, want_h)
+    else:
+        assert h is None

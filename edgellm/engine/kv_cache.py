@@ -130,6 +130,11 @@ class PagedKVCache:
     def write(self, i: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v (T, KVH, hd) at flat slots (T,) = block * block_size + offset."""
         parts = self.codec.encode(k) + self.codec.encode(v)
+        if len(slots) == 1:  # a decode row: basic indexing (a fancy-indexed store costs several times more)
+            b, r = divmod(int(slots[0]), self.block_size)
+            for a, p in zip(self.storage(i), parts):
+                a[b, r] = p[0]
+            return
         for a, p in zip(self.storage(i), parts):
             a.reshape(-1, *a.shape[2:])[slots] = p
 

@@ -1,7 +1,7 @@
 """What every architecture shares: the forward-batch contract, weight preparation, paged attention step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,16 @@ class ForwardBatch:
     block_tables: np.ndarray
     logit_rows: np.ndarray
     slot_tables: np.ndarray | None = None
+    _slots: dict = field(default_factory=dict, repr=False, compare=False)  # id(tables) -> (tables, slots)
+
+    def slots(self, tables: np.ndarray, block_size: int) -> np.ndarray:
+        """(T,) flat KV slots (block * block_size + offset) of the rows in `tables` (block_tables or
+        slot_tables): computed once per forward, not once per layer."""
+        hit = self._slots.get(id(tables))
+        if hit is None or hit[0] is not tables:
+            s = tables[self.row_seq, self.positions // block_size] * block_size + self.positions % block_size
+            hit = self._slots[id(tables)] = (tables, s)
+        return hit[1]
 
     @classmethod
     def single(cls, tokens, start: int, block_table, *, all_logits: bool = False) -> "ForwardBatch":
@@ -80,9 +90,7 @@ def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: 
     None). Returns (T, H*vd)."""
     kc, vc = kv.layer(layer)
     tables = kv.tables(layer, batch)  # (S, MB) block ids, or slots for a trimmed sliding-window layer
-    bs = kc.shape[1]
-    slots = tables[batch.row_seq, batch.positions // bs] * bs + batch.positions % bs
-    kv.write(layer, slots, k, v)
+    kv.write(layer, batch.slots(tables, kc.shape[1]), k, v)
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
                           window=window, scale=scale, softcap=softcap, sinks=sinks)
     return out.reshape(len(q), -1)

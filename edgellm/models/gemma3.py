@@ -9,7 +9,7 @@ import numpy as np
 
 from edgellm.loader import LoadedModel
 from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
-from kernels_cpu.ops import apply_rope, geglu, rmsnorm, rope_tables
+from kernels_cpu.ops import apply_rope, geglu, residual_norm, rmsnorm, rope_tables
 
 
 class Layer:
@@ -41,10 +41,10 @@ class Model(CausalLM):
         x = self.embed(batch.tokens) * self.embed_scale  # (T, D)
         ropes = {base: rope_tables(batch.positions, c.head_dim, base, c.rope_scale if base == c.rope_base else 1.0)
                  for base in {c.rope_base, c.rope_base_local}}
+        h = rmsnorm(x, self.layers[0].attn_norm, c.rms_eps)
         for i, L in enumerate(self.layers):
             local = c.swa_layers[i]
             cos, sin = ropes[c.rope_base_local if local else c.rope_base]
-            h = rmsnorm(x, L.attn_norm, c.rms_eps)
             q, k, v = linears(h, (L.wq, L.wk, L.wv))
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
@@ -55,8 +55,10 @@ class Model(CausalLM):
             apply_rope(k, cos, sin, neox=True)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if local else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap)
-            x = x + rmsnorm(linear(a, L.wo), L.post_attn_norm, c.rms_eps)
-            h = rmsnorm(x, L.ffn_norm, c.rms_eps)
+            # x += post_attn_norm(attention out); h = ffn_norm(x); x += post_ffn_norm(FFN out); h = the next
+            # layer's attn_norm(x): one call each (x is this forward's own array, updated in place)
+            h = residual_norm(x, linear(a, L.wo), L.post_attn_norm, L.ffn_norm, c.rms_eps)
             f = linear(geglu(*linears(h, (L.gate, L.up))), L.down)
-            x = x + rmsnorm(f, L.post_ffn_norm, c.rms_eps)
+            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else None
+            h = residual_norm(x, f, L.post_ffn_norm, nxt, c.rms_eps)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled

@@ -8,7 +8,7 @@ import numpy as np
 
 from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
 from edgellm.models.moe import MoEFFN
-from kernels_cpu.ops import apply_rope, rmsnorm, rope_tables, swiglu
+from kernels_cpu.ops import apply_rope, residual_norm, rmsnorm, rope_tables, swiglu
 
 
 class Layer:
@@ -74,8 +74,8 @@ class Model(CausalLM):
         x = self.embed(batch.tokens)  # (T, D)
         cos, sin = rope_tables(batch.positions, rot, c.rope_base, c.rope_scale, factors=self.rope_factors,
                                mscale=c.rope_mscale, yarn=c.rope_yarn)
+        h = rmsnorm(x, self.layers[0].attn_norm, c.rms_eps)
         for i, L in enumerate(self.layers):
-            h = rmsnorm(x, L.attn_norm, c.rms_eps)
             q, k, v = L.qkv_proj(h)
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
@@ -88,6 +88,9 @@ class Model(CausalLM):
                 apply_rope(k if rot == c.head_dim else k[..., :rot], cos, sin, neox=c.rope_neox)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if c.swa_layers[i] else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap, sinks=L.sinks)
-            x = x + linear(a, L.wo, L.wo_b)
-            x = x + L.ffn(rmsnorm(x, L.ffn_norm, c.rms_eps))
+            # x += attention out; h = ffn_norm(x); x += FFN out; h = the next layer's attn_norm(x): one call each
+            # (x is this forward's own array, updated in place)
+            h = residual_norm(x, linear(a, L.wo, L.wo_b), None, L.ffn_norm, c.rms_eps)
+            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else None
+            h = residual_norm(x, L.ffn(h), None, nxt, c.rms_eps)
         return rmsnorm(x[batch.logit_rows], self.output_norm, c.rms_eps)  # only rows that are sampled
