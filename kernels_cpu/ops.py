@@ -22,15 +22,21 @@ GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
 
 
+@jit(inline="always")
+def _inv_rms(row, eps):
+    # 1 / sqrt(mean(row^2) + eps) of a (D,) row as ggml_compute_forward_rms_norm_f32: float32 squares, double sum
+    ss = 0.0  # float64 accumulator, as ggml_float
+    for d in range(len(row)):
+        ss += np.float64(row[d] * row[d])
+    return np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / len(row)) + eps))
+
+
 @jit
 def _rmsnorm(out, x, w, eps):
     # out, x: (T, D)  w: (D,)
     T, D = x.shape
     for t in range(T):
-        ss = 0.0  # float64 accumulator, as ggml_float
-        for d in range(D):
-            ss += np.float64(x[t, d] * x[t, d])  # float32 square, double sum: ggml_compute_forward_rms_norm_f32
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
+        scale = _inv_rms(x[t], eps)
         for d in range(D):
             out[t, d] = x[t, d] * scale * w[d]
 
@@ -51,20 +57,14 @@ def _residual_norm(h, x, y, w_post, w_next, eps, post, norm_next):
     T, D = x.shape
     for t in range(T):
         if post:
-            ss = 0.0
-            for d in range(D):
-                ss += np.float64(y[t, d] * y[t, d])
-            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
+            scale = _inv_rms(y[t], eps)
             for d in range(D):
                 x[t, d] = x[t, d] + y[t, d] * scale * w_post[d]
         else:
             for d in range(D):
                 x[t, d] = x[t, d] + y[t, d]
         if norm_next:
-            ss = 0.0
-            for d in range(D):
-                ss += np.float64(x[t, d] * x[t, d])
-            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / D) + eps))
+            scale = _inv_rms(x[t], eps)
             for d in range(D):
                 h[t, d] = x[t, d] * scale * w_next[d]
 
