@@ -1,4 +1,4 @@
-"""The x86 block sums of the k-quants (Q2_K .. Q6_K): quad vectors of unsigned codes against int8 activations.
+"""x86 block sums of the quad-vector formats (k-quants; Q4_0 .. Q5_1 on AVX2): unsigned codes x int8 activations.
 
 Repacked layout of one (row group, super-block) on x86 (repack.QUAD_K; planes "nibq", "bitq", "crumbq"): 8 runs t
 of 32 elements, each 8 *quad vectors* of 64 bytes (byte 4r+e = row r, element 4l+e of quad l of the run), stored

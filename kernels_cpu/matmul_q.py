@@ -86,7 +86,7 @@ def _nibble_body(qt: Q, offset: int, high_bits: bool, with_min: bool):
 
     def body(e: Emit, mb: int) -> None:
         if qt in QUAD_32 and e.x_s8 and not e.neon:
-            sums = quad_sums(e, mb, quads, lambda e_, t, pp: e.c32(1), 8, 4 if high_bits else 8, runs=1)
+            sums = quad_sums(e, mb, quads, lambda e_, t, pp: e_.c32(1), 8, 4 if high_bits else 8, runs=1)
             if offset:
                 sums = [e.b.sub(sums[i], e.mul(e.splat(e.add(e.bsum(i, 0), e.bsum(i, 1)), e.w), e.c32(offset)))
                         for i in range(mb)]

@@ -148,24 +148,25 @@ QUAD_32: frozenset[Q] = (frozenset() if ARM or {"avx512f", "avx512bw"} <= host_f
                          else frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}))
 
 
-def _k_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
+def _quad_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
+    """The quad-vector planes where qtype is stored as quads on this target (QUAD_K, QUAD_32), else the pair planes."""
     return quads if qtype in QUAD_K | QUAD_32 else pairs
 
 
 LAYOUTS: dict[Q, Layout] = {
     Q.Q8_0: Layout(32, 512, 32, 32, _split_q8_0, ("q8",)),
-    Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, _k_planes(Q.Q4_0, ("nib",), ("nibq",))),
-    Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, _k_planes(Q.Q4_1, ("nib",), ("nibq",))),
-    Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, _k_planes(Q.Q5_0, ("nib", "bit4"), ("nibq", "bitq"))),
-    Q.Q5_1: Layout(32, 320, 64, 32, _split_q5_1, _k_planes(Q.Q5_1, ("nib", "bit4"), ("nibq", "bitq"))),
+    Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, _quad_planes(Q.Q4_0, ("nib",), ("nibq",))),
+    Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, _quad_planes(Q.Q4_1, ("nib",), ("nibq",))),
+    Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, _quad_planes(Q.Q5_0, ("nib", "bit4"), ("nibq", "bitq"))),
+    Q.Q5_1: Layout(32, 320, 64, 32, _split_q5_1, _quad_planes(Q.Q5_1, ("nib", "bit4"), ("nibq", "bitq"))),
     Q.IQ4_NL: Layout(32, 256, 32, 32, _split_iq4_nl, ("nibq",)),
     Q.MXFP4: Layout(32, 256, 16, 32, _split_mxfp4, ("nibq",)),
     Q.IQ4_XS: Layout(256, 2048, 160, 256, _split_iq4_xs, ("nibq",)),
-    Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, _k_planes(Q.Q2_K, ("crumb_lo",), ("crumbq0",))),
-    Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, _k_planes(Q.Q3_K, ("crumb_lo", "bit2"), ("crumbq0", "bitq2"))),
-    Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, _k_planes(Q.Q4_K, ("nib",), ("nibq",))),
-    Q.Q5_K: Layout(256, 2560, 320, 256, _split_q5_k, _k_planes(Q.Q5_K, ("nib", "bit4"), ("nibq", "bitq"))),
-    Q.Q6_K: Layout(256, 3072, 288, 256, _split_q6_k, _k_planes(Q.Q6_K, ("nib", "crumb_hi"), ("nibq", "crumbq"))),
+    Q.Q2_K: Layout(256, 1024, 320, 256, _split_q2_k, _quad_planes(Q.Q2_K, ("crumb_lo",), ("crumbq0",))),
+    Q.Q3_K: Layout(256, 1536, 288, 256, _split_q3_k, _quad_planes(Q.Q3_K, ("crumb_lo", "bit2"), ("crumbq0", "bitq2"))),
+    Q.Q4_K: Layout(256, 2048, 320, 256, _split_q4_k, _quad_planes(Q.Q4_K, ("nib",), ("nibq",))),
+    Q.Q5_K: Layout(256, 2560, 320, 256, _split_q5_k, _quad_planes(Q.Q5_K, ("nib", "bit4"), ("nibq", "bitq"))),
+    Q.Q6_K: Layout(256, 3072, 288, 256, _split_q6_k, _quad_planes(Q.Q6_K, ("nib", "crumb_hi"), ("nibq", "crumbq"))),
     Q.F32: Layout(32, 32 * R * 4, 1, 0, _split_float(np.float32), ()),
     Q.F16: Layout(32, 32 * R * 2, 1, 0, _split_float(np.float16), ()),
     Q.BF16: Layout(32, 32 * R * 2, 1, 0, _split_float(np.uint16), ()),
