@@ -23,12 +23,14 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from kernels_cpu import ops
 from kernels_cpu._jit import jit, parallel_jit
 from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32, ggml_expf
 
 _F32, _I64, _I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
 _PV_WIDTH = 16  # output elements per vector in the P @ V kernels
 PV_HEADS = 4  # query heads of a KV head summed together by pv_sgemm (each V slice loaded once for them)
+_EXP_LANES = 8  # softmax exponentials a vector (expf_sub)
 
 
 def _vec(n, ty=_F32):
@@ -383,6 +385,40 @@ def pv_sgemm(e, b):
     return head_sum, group_sum, PV_HEADS
 
 
+@intrinsic
+def expf_sub(typingctx, w, off, n, m):
+    """w[off + i] = ggml_expf(w[off + i] - m) for i < n - n % _EXP_LANES, _EXP_LANES at a time: ops.ggml_expf's
+    operations on vectors, so each value is the scalar one's bit for bit (the caller does the rest by ggml_expf).
+    The softmax's exponentials: a scalar loop over ggml_expf did not vectorize (1B prefill attention 13% faster)."""
+    def codegen(context, builder, sig, args):
+        b, W = builder, _EXP_LANES
+        pw = _data(context, b, sig.args[0], args[0])
+        off_, nn = (_as_i64(context, b, sig.args[i], args[i]) for i in (1, 2))
+        f = lambda x: ir.Constant(_vec(W), [float(x)] * W)  # noqa: E731
+        mv = _splat(b, args[3], W)
+        with cgutils.for_range(b, b.udiv(nn, ir.Constant(_I64, W))) as lp:
+            at = b.add(off_, b.mul(lp.index, ir.Constant(_I64, W)))
+            ptr = b.bitcast(b.gep(pw, [at]), _vec(W).as_pointer())
+            x = b.fsub(b.load(ptr, align=4), mv)
+            n_ = b.fsub(_fma(b, x, f(ops.EXP_LOG2E), f(ops.EXP_SHIFT)), f(ops.EXP_SHIFT))
+            neg = b.fsub(f(-0.0), n_)
+            bb = _fma(b, neg, f(ops.EXP_LN2_LO), _fma(b, neg, f(ops.EXP_LN2_HI), x))
+            u = b.fmul(bb, bb)
+            j = _fma(b, _fma(b, _fma(b, f(ops.EXP_C5), bb, f(ops.EXP_C4)), u, _fma(b, f(ops.EXP_C3), bb, f(ops.EXP_C2))),
+                     u, _fma(b, f(ops.EXP_C1), bb, f(1.0)))
+            nc = b.select(b.fcmp_ordered(">", n_, f(-192.0)), n_, f(-192.0))
+            nc = b.select(b.fcmp_ordered("<", nc, f(192.0)), nc, f(192.0))
+            i64 = _vec(W, _I64)
+            bits = b.shl(b.add(b.fptosi(nc, i64), ir.Constant(i64, [1023] * W)), ir.Constant(i64, [52] * W))
+            r = b.fptrunc(b.fmul(b.fpext(j, _vec(W, ir.DoubleType())), b.bitcast(bits, _vec(W, ir.DoubleType()))),
+                          _vec(W))
+            r = b.select(b.fcmp_ordered(">", n_, f(192.0)), f(math.inf), r)
+            r = b.select(b.fcmp_ordered("<", n_, f(-192.0)), f(0.0), r)
+            b.store(b.select(b.fcmp_unordered("uno", n_, n_), n_, r), ptr, align=4)
+        return context.get_dummy_value()
+    return types.void(w, off, n, types.float32), codegen
+
+
 # --- the kernel: the IR sums where they apply, the same sums in plain Numba elsewhere ----------------------------
 
 def kv_at(c, i):
@@ -498,16 +534,15 @@ def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, win
             w = s[g * S:(g + 1) * S]
             if len(sinks):
                 m[g] = max(m[g], sinks[kh * group + g])
+            mg, s0, n = m[g], lo - base, pos - lo + 1  # the visible cells: w[s0 : s0 + n]
+            expf_sub(w, s0, n, mg)  # _EXP_LANES at a time, then the rest
+            for j in range(s0 + n - n % _EXP_LANES, s0 + n):
+                w[j] = ggml_expf(w[j] - mg)
+            w[:s0] = 0.0
+            w[s0 + n:16 * n16] = 0.0
             total = 0.0
             for c in range(n16):
-                for j in range(16):
-                    p = base + 16 * c + j
-                    e = np.float32(0.0)
-                    if lo <= p <= pos:
-                        e = ggml_expf(w[16 * c + j] - m[g])
-                    w[16 * c + j] = e
-                    lanes[j] = e
-                total += np.float64(_tree16(lanes, 0))
+                total += np.float64(_tree16(w, 16 * c))
             if len(sinks):
                 total += np.float64(np.float32(math.exp(sinks[kh * group + g] - m[g])))
             inv = np.float32(1.0 / total)

@@ -145,6 +145,31 @@ def test_attention_is_llama_cpps():
     np.testing.assert_array_equal(ggml_ref.attention(q[-1:], k, v, pos[-1:], single=True, **kw), want[-1:])
 
 
+def test_softmax_exponentials_are_ggml_expf():
+    """The softmax's vector exponentials (attention_kernel.expf_sub) are ops.ggml_expf's values bit for bit: normal
+    values, the clamp edges, +-inf and NaN; an offset and a length that is not a multiple of the vector."""
+    import numba
+
+    from kernels_cpu.attention_kernel import expf_sub
+    from kernels_cpu.ops import expf
+
+    @numba.njit
+    def run(w, off, n, m):
+        expf_sub(w, off, n, m)
+
+    rng = np.random.default_rng(3)
+    edges = np.float32([np.nan, np.inf, -np.inf, 88.7, 89.0, -87.3, -103.9, -150.0, 0.0, -0.0, 1e-40, 200, -200,
+                        133.0, -133.0, 1e30])
+    x = np.concatenate([(rng.normal(size=997) * 40).astype(np.float32), edges, -edges])
+    for m in (np.float32(0.0), np.float32(2.5), np.float32(-7.0)):
+        w = x.copy()
+        run(w, 3, len(x) - 5, m)
+        done = 3 + (len(x) - 5) // 8 * 8
+        np.testing.assert_array_equal(w[3:done].view(np.uint32), expf(x[3:done] - m).view(np.uint32))
+        np.testing.assert_array_equal(w[:3], x[:3])  # outside [off, off + n - n % 8): untouched
+        np.testing.assert_array_equal(w[done:], x[done:])
+
+
 def test_attention_rejects_bad_block_table():
     q = np.zeros((1, 2, 8), np.float32)
     kc = np.zeros((2, 16, 1, 8), np.float32)
