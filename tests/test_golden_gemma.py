@@ -15,6 +15,7 @@ from timing import scaled
 GOLDEN = Path(__file__).parent / "golden"
 GREEDY = json.loads((GOLDEN / "greedy_gemma3.json").read_text())
 PPL = json.loads((GOLDEN / "perplexity_gemma3.json").read_text())
+PPL_LONG = json.loads((GOLDEN / "perplexity_gemma3_long.json").read_text())
 
 
 def test_prompt_tokens_match(gemma_llm):
@@ -85,22 +86,44 @@ def test_greedy_cli_matches_api(greedy_outputs, default_model):
     assert r.stdout.rstrip("\n") == out.text
 
 
-def test_perplexity_matches_llamacpp(gemma_llm):
+def _nll_vs_golden(llm, golden):
+    """(our perplexity, relative difference from llama.cpp's, our NLL - llama.cpp's per scored token)."""
     from edgellm.perplexity import perplexity
 
+    text = (GOLDEN / golden["text_file"]).read_text()
+    res = perplexity(llm, text, n_ctx=golden["n_ctx"])
+    assert res.n_tokens == golden["n_scored"] == len(golden["nll"])
+    assert math.isclose(res.ppl, math.exp(np.mean(res.nll)), rel_tol=1e-9)
+    return res.ppl, abs(res.ppl - golden["ppl"]) / golden["ppl"], np.asarray(res.nll) - np.asarray(golden["nll"])
+
+
+# The contract (issue 14): perplexity within 0.3% of llama.cpp's, mean |dNLL| <= 0.09 nats. llama.cpp's own builds
+# are that far apart per token (tiled vs untiled matmul on one host: 0.081 nats): 8-bit activation codes that sit on
+# a rounding boundary flip with the last bit of any upstream sum. Over the 762 tokens of perplexity.txt those
+# differences leave the mean NLL a standard error of ~0.004 nats, 0.4% of perplexity: llama.cpp's own AVX2 build is
+# 0.37% from its AVX-512 golden there (llamacpp_cross_build.json), and two equally exact attention orders of ours
+# 0.05% and 0.48%. So the 0.3% is held on the long text (11938 tokens scored, standard error ~0.0012 nats), where
+# both of those orders are within 0.07% of llama.cpp; the short text keeps the per-token bound and a mean within
+# three standard errors.
+def test_perplexity_matches_llamacpp(gemma_llm):
     text = (GOLDEN / PPL["text_file"]).read_text()
     assert gemma_llm.tokenizer.encode(text, add_bos=True, special=False) == PPL["tokens"]
-    res = perplexity(gemma_llm, text, n_ctx=PPL["n_ctx"])
-    assert res.n_tokens == PPL["n_scored"] == len(PPL["nll"]) >= 500
-    rel = abs(res.ppl - PPL["ppl"]) / PPL["ppl"]
-    mad = float(np.mean(np.abs(np.asarray(res.nll) - np.asarray(PPL["nll"]))))
-    print(f"ppl {res.ppl:.4f} vs llama.cpp {PPL['ppl']:.4f} (rel {rel:.2e}); mean |dNLL| {mad:.4f}")
-    # The contract (issue 14): perplexity within 0.3% of llama.cpp's, mean |dNLL| <= 0.09 nats. llama.cpp's own
-    # builds are that far apart (tiled vs untiled matmul on one host: 0.081 nats): 8-bit activation codes that sit
-    # on a rounding boundary flip with the last bit of any upstream sum. Measured: rel 4.8e-4, 0.085 nats.
+    ppl, rel, d = _nll_vs_golden(gemma_llm, PPL)
+    sem = float(np.std(d) / np.sqrt(len(d)))
+    print(f"ppl {ppl:.4f} vs llama.cpp {PPL['ppl']:.4f} (rel {rel:.2e}); mean |dNLL| {np.mean(np.abs(d)):.4f}, "
+          f"mean dNLL {np.mean(d):+.4f} (standard error {sem:.4f})")
+    assert len(d) >= 500
+    assert np.mean(np.abs(d)) <= 0.09
+    assert abs(np.mean(d)) <= 3 * sem
+
+
+def test_long_text_perplexity_matches_llamacpp(gemma_llm):
+    ppl, rel, d = _nll_vs_golden(gemma_llm, PPL_LONG)
+    print(f"long text: ppl {ppl:.4f} vs llama.cpp {PPL_LONG['ppl']:.4f} (rel {rel:.2e}); mean |dNLL| "
+          f"{np.mean(np.abs(d)):.4f}")
+    assert len(d) >= 10000
     assert rel <= 0.003
-    assert mad <= 0.09
-    assert math.isclose(res.ppl, math.exp(np.mean(res.nll)), rel_tol=1e-9)
+    assert np.mean(np.abs(d)) <= 0.09
 
 
 @pytest.fixture(scope="module")
