@@ -469,14 +469,21 @@ SLICED: set[int] = set()
 # formats, whose body keeps one slice's registers at a time in its run loop (a 32-block body holding both
 # slices' constants spills on AVX2: IQ4_NL)
 SHARED: set[int] = set()
+# Formats whose int16-activation body keeps LOOP_ROWS activation rows per pass on 8-lane slices (AVX2): its pair
+# loop holds one widened weight vector next to the rows' sums (Q8_0, matmul_q._looped_sums), so 8 rows fit the 16
+# ymm registers and each weight vector is widened once for 8 rows instead of once per 4
+WIDE_PASS: set[int] = set()
+LOOP_ROWS = 8
 
 
-def register(*fmts: int, sliced: bool = False, shared: bool = False):
-    """Decorator: register an IR body for the given QuantType ids (see BODIES, SLICED, SHARED)."""
+def register(*fmts: int, sliced: bool = False, shared: bool = False, wide_pass: bool = False):
+    """Decorator: register an IR body for the given QuantType ids (see BODIES, SLICED, SHARED, WIDE_PASS)."""
 
     def deco(fn):
         for f in fmts:
             BODIES[int(f)] = fn
+            if wide_pass:
+                WIDE_PASS.add(int(f))
             if sliced:
                 SLICED.add(int(f))
             if sliced and shared:
@@ -508,6 +515,8 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
     e = Emit(builder, ptrs, offs, xdtype, w, feats)
     zero = ir.Constant(V(F32, w), [0.0] * w)
     step_rows = max_rows(feats)
+    if fmt in WIDE_PASS and xdtype == "int16" and w == 8 and "neon" not in feats:
+        step_rows = LOOP_ROWS
     lanes = list(range(0, R, w))
     # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers. The x86
     # slices of a SHARED format share one pass while they fit the row budget (AVX2, 1-2 rows): each block's

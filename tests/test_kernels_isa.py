@@ -33,7 +33,8 @@ def _env(isa: str) -> dict:
     return dict(os.environ, EDGELLM_ISA=isa)
 
 
-# The reference and exact-integer tests of test_kernels_matmul, per forced instruction set. The host's own set
+# The reference, exact-integer and batch-invariance tests of test_kernels_matmul, per forced instruction set (a
+# path's forms for few and many rows must give the same bits). The host's own set
 # (native) runs the whole file in the main test process.
 @x86_only
 @pytest.mark.parametrize("isa", ["avx2", "avx2-vnni", "portable"])
@@ -41,7 +42,7 @@ def test_matmul_kernels_per_isa(isa):
     if not runnable(isa):
         pytest.skip(f"this CPU cannot run {isa}")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        "tests/test_kernels_matmul.py", "-k", "reference or exact"],
+                        "tests/test_kernels_matmul.py", "-k", "reference or exact or invariance"],
                        cwd=ROOT, env=_env(isa), capture_output=True, text=True, timeout=scaled(900))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert re.search(r"\d+ passed", r.stdout), r.stdout[-500:]
@@ -156,6 +157,28 @@ def test_decode_kernel_instructions(isa, qt):
     if isa.startswith("avx2"):
         assert "zmm" not in asm, f"{isa} {qt}: an AVX-512 register in an AVX2 build"
     assert "vpmuldq" not in asm  # the int64-widening fallback that plain Numba loops give
+
+
+@x86_only
+def test_avx2_q8_0_many_rows_pass_without_spills():
+    """Q8_0 with int16 activations on AVX2 takes 8 activation rows per pass as a loop over the 16 pairs (one widened
+    weight vector live next to the 8 row sums): its pair loop holds one vpmaddwd per row and no vector spill. The
+    unrolled form (every mb) hoisted all 16 widenings and spilled ~90 vectors per block at 8 rows."""
+    if not runnable("avx2"):
+        pytest.skip("this CPU cannot run avx2")
+    r = subprocess.run([sys.executable, "-c", ASM_PROBE.replace("(1, k)", "(8, k)").replace("(1, 16)", "(8, 16)"),
+                        "Q8_0"], cwd=ROOT, env=_env("avx2"), capture_output=True, text=True, timeout=scaled(600))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^(\.LBB\S+):", l))}
+    loops = [lines[labels[m.group(1)]:i + 1] for i, l in enumerate(lines)
+             if (m := re.match(X86_JUMP, l)) and labels.get(m.group(1), i) < i]
+    # the 8-row pass's pair loop: a loop with no other block inside, one vpmaddwd per row
+    eight = [b for b in loops if count(b, r"\bvpmaddwd\b") == 8 and count(b[1:], r"^\.LBB") == 0]
+    assert eight, "no loop with one vpmaddwd per row of an 8-row pass"
+    for body in eight:
+        assert count(body, r"\bvpmovsxbw\b") == 1  # one widening per pair for the 8 rows
+        assert count(body, r"%ymm\d+.*\(%rsp\)|\(%rsp\).*%ymm\d+") == 0, "vector spills in the pair loop"
 
 
 # -- AArch64 NEON ------------------------------------------------------------------------------------------------
