@@ -108,9 +108,9 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
     return PreparedWeight(qtype, (n, k), qs, sc, raw)
 
 
-# With AVX512-VNNI the 32-block formats take uint8 activations (codes + 128) from U8_MIN_ROWS rows on: one
-# vpdpbusd per 4 elements and row instead of two vpdpwssd, after a per-block weight shuffle and bias that all
-# rows share (so it pays from ~4 rows: Q8_0 262144x640 at 8 rows 18.0 -> 16.2 ms, at 1 row 6.7 -> 7.4 ms).
+# With AVX512-VNNI Q8_0 (the other 32-block formats are quads, repack.QUAD_32) takes uint8 activations (codes
+# + 128) from U8_MIN_ROWS rows on: one vpdpbusd per 4 elements and row instead of two vpdpwssd, after a per-block
+# weight shuffle and bias that all rows share (so it pays from ~4 rows: Q8_0 262144x640 at 8 rows 18.0 -> 16.2 ms, at 1 row 6.7 -> 7.4 ms).
 # Both forms give the same integer sums, hence the same outputs. Tests switch ACT_U8 to compare them.
 ACT_U8 = "avx512vnni" in host_features()
 U8_MIN_ROWS = 4
