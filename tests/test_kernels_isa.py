@@ -95,6 +95,9 @@ ASM_EXPECT = {
     ("avx512-vnni", "Q6_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q3_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q8_0"): ("vpdpwssd",),
+    # the 32-block nibble formats' quads with AVX-512 too (16-row slices)
+    ("avx512-vnni", "Q4_0"): ("vpdpbusd",),
+    ("avx512-vnni", "Q5_0"): ("vpdpbusd",),
     # the table-lookup formats (matmul_iq): codes -> int8 weights by vpshufb, then 4-product dots per row (the
     # first instruction, once per row and quad, finds the one-row loop)
     ("avx512-vnni", "IQ4_NL"): ("vpdpbusd", "vpshufb"),
