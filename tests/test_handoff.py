@@ -95,6 +95,26 @@ def test_chunk_bounds_split_by_work(n, threads, cost, want):
     assert chunk_bounds(n, threads, None if cost is None else np.array(cost)) == want
 
 
+def test_cost_bounds_equal_the_numpy_formula():
+    """The compiled cost split gives the cuts of the NumPy formula it replaced (prefix sums, first bound at or past
+    each share, the nearer of it and the one before) on random, fractional, all-zero and causal costs."""
+    from kernels_cpu.parallel import chunk_bounds, prange_bounds
+
+    def numpy_cuts(n, threads, cost):
+        cum = np.concatenate([[0.0], np.cumsum(np.asarray(cost, dtype=np.float64))])
+        target = cum[-1] * np.arange(1, threads) / threads
+        hi = np.minimum(np.searchsorted(cum, target, side="left"), n)
+        cuts = np.where(cum[hi] - target <= target - cum[np.maximum(hi - 1, 0)], hi, hi - 1)
+        return [0, *np.maximum(cuts, 0).tolist(), n]
+
+    rng = np.random.default_rng(7)
+    for trial in range(4000):
+        n, threads = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+        cost = [rng.integers(0, 5, n), rng.random(n), np.zeros(n), np.arange(1.0, n + 1)][trial % 4]
+        assert chunk_bounds(n, threads, cost) == numpy_cuts(n, threads, cost), (n, threads, cost)
+    b = prange_bounds(8, 2, np.arange(1, 9))
+    assert b is None or (b.dtype == np.int64 and b.tolist() == [0, 6, 8])
+
 def test_parallel_for_by_cost_covers_every_job_once():
     from kernels_cpu.parallel import parallel_for
 
