@@ -108,12 +108,6 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
     return PreparedWeight(qtype, (n, k), qs, sc, raw)
 
 
-# With AVX512-VNNI Q8_0 (the other 32-block formats are quads, repack.QUAD_32) takes uint8 activations (codes
-# + 128) from U8_MIN_ROWS rows on: one vpdpbusd per 4 elements and row instead of two vpdpwssd, after a per-block
-# weight shuffle and bias that all rows share (so it pays from ~4 rows: Q8_0 262144x640 at 8 rows 18.0 -> 16.2 ms, at 1 row 6.7 -> 7.4 ms).
-# Both forms give the same integer sums, hence the same outputs. Tests switch ACT_U8 to compare them.
-ACT_U8 = "avx512vnni" in host_features()
-U8_MIN_ROWS = 4
 # On AVX2 hosts without AVX-512 every quantized format but Q8_0 takes int8 activations: its unsigned codes
 # multiply them with vpmaddubsw (32 products per instruction, twice vpmaddwd's; see Emit.u8w_sums). Q8_0's
 # weights are signed, so it keeps int16 activations. Same integer sums, hence the same outputs.
@@ -134,8 +128,8 @@ _S8_WEIGHTS = frozenset({QuantType.IQ4_NL, QuantType.IQ4_XS, QuantType.MXFP4}) |
 
 
 def _prepare_x(x: np.ndarray, pw: PreparedWeight):
-    """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K) (uint8 codes + 128 for the 32-block
-    formats when ACT_U8; int8 codes when ACT_S8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead
+    """Activations in the kernel's form (xq, dx, bs): int16 codes (M, K) (int8 codes for the formats of
+    _S8_WEIGHTS and when ACT_S8), scales (M, K/qb) and sums of 16 codes (M, K/16) — for Q4_1 / Q5_1, bs is instead
     float32 (M, K/16) with the f16-rounded Q8_1 block sums at even columns (see quantize_act); or, for float weights, float32 x zero-padded to whole blocks (dx, bs
     unused)."""
     M, K = x.shape
@@ -166,12 +160,11 @@ def prepare_activations(x: np.ndarray, pw: PreparedWeight) -> tuple:
 @dataclass(frozen=True)
 class ActivationForm:
     """How m activation rows are prepared for a weight's drivers (see _prepare_x): codes of `dtype` quantized per
-    `block` elements (0: float32 activations, zero-padded to k_padded columns) with `offset` added (128: the
-    uint8 VNNI form), and whether the drivers take the Q8_1 block sums (s1) in place of the sums of 16 codes."""
+    `block` elements (0: float32 activations, zero-padded to k_padded columns), and whether the drivers take the
+    Q8_1 block sums (s1) in place of the sums of 16 codes."""
 
     dtype: type
     block: int
-    offset: int
     q8_1: bool
     k_padded: int
 
@@ -180,39 +173,33 @@ def activation_form(pw: PreparedWeight, m: int) -> ActivationForm:
     """The activation form of m rows for pw's drivers (for kernels that quantize activations themselves, e.g.
     kernels_cpu.moe_ffn)."""
     if pw._act_block == 0:
-        return ActivationForm(np.float32, 0, 0, False, pw._kp)
+        return ActivationForm(np.float32, 0, False, pw._kp)
     dt = _act_dtype(pw, m)
-    return ActivationForm(dt, pw._act_block, 128 if dt == np.uint8 else 0, pw.qtype in _Q8_1_WEIGHTS, pw.shape[1])
+    return ActivationForm(dt, pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw.shape[1])
 
 
 def _act_dtype(pw: PreparedWeight, m: int):
-    """Activation code type for m rows and weight pw: int8 (the table-lookup formats everywhere; the
-    unsigned-weight form, ACT_S8), uint8 (codes + 128, the VNNI form, ACT_U8) or int16."""
+    """Activation code type for m rows and weight pw: int8 (the table-lookup and quad formats everywhere; the
+    unsigned-weight form, ACT_S8) or int16 (the pair vectors of Q8_0 without VNNI on x86, float-free formats'
+    int16 paths)."""
     if pw.qtype in _S8_WEIGHTS or (ACT_S8 and (pw.qtype != QuantType.Q8_0 or S8_Q8_0)):
         return np.int8
-    if ACT_U8 and pw._act_block == 32 and m >= U8_MIN_ROWS:
-        return np.uint8
     return np.int16
 
 
 def _quantize_chunk(xq, dx, bs, s1, x, qb, lo, hi, _scratch):
-    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], _NO_S1 if s1 is None else s1[lo:hi], x[lo:hi], qb, _off(xq))
+    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], _NO_S1 if s1 is None else s1[lo:hi], x[lo:hi], qb)
 
 
 def _quantize_split(xq, dx, bs, s1, x, qb, bounds):
-    quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, _off(xq), bounds)
-
-
-def _off(xq) -> int:
-    """Code offset of the activation form: 128 for uint8 (the VNNI form), else 0."""
-    return 128 if xq.dtype == np.uint8 else 0
+    quantize_act_split(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, bounds)
 
 
 def _quantize_rows(xq, dx, bs, s1, x, qb) -> None:
     """quantize_act over row chunks on the worker threads (rows are independent: prefill of 512 rows
     spent ~10% of its time here on one core)."""
     if x.shape[0] < 64:  # decode: no thread hand-off on the per-token path
-        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb, _off(xq))
+        quantize_act(xq, dx, bs, _NO_S1 if s1 is None else s1, x, qb)
         return
     parallel.parallel_for(_quantize_chunk, x.shape[0], 32, None, xq, dx, bs, s1, x, qb, split=_quantize_split)
 
@@ -288,20 +275,14 @@ def _run(out: np.ndarray, act: tuple, pw: PreparedWeight) -> None:
 
 def warm(pw: PreparedWeight) -> None:
     """Compile (or load from Numba's cache) every driver a matmul with pw can run: one thread and (with more
-    than one kernel thread) split over row-group chunks, for each activation form (int16, or int8; uint8 for the
-    32-block formats from U8_MIN_ROWS): each form once."""
+    than one kernel thread) split over row-group chunks, for its activation form (int16 or int8)."""
     k, g = pw.shape[1], pw.qs.shape[0]
     split = parallel.fast_prange() and parallel.get_threads() > 1  # _run never splits on one thread
-    forms = set()
-    for m in sorted({1, U8_MIN_ROWS}):
-        if _act_dtype(pw, m) in forms:
-            continue
-        forms.add(_act_dtype(pw, m))
-        xq, dx, bs = _prepare_x(np.zeros((m, k), np.float32), pw)
-        out = np.empty((m, pw.shape[0]), np.float32)
-        pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
-        if split:
-            pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
+    xq, dx, bs = _prepare_x(np.zeros((1, k), np.float32), pw)
+    out = np.empty((1, pw.shape[0]), np.float32)
+    pw._run(out, xq, dx, bs, pw.qs, pw.sc, 0, g)
+    if split:
+        pw._split(out, xq, dx, bs, pw.qs, pw.sc, np.array([0, g // 2, g], np.int64))
 
 
 def get_rows(pw: PreparedWeight, ids) -> np.ndarray:

@@ -25,12 +25,12 @@ MT = 64  # activation rows per L2 tile
 
 
 @jit
-def quantize_act(xq, dx, bs, s1, x, qb, off):
+def quantize_act(xq, dx, bs, s1, x, qb):
     """Quantize activation rows to int16 codes in -127..127 per block of qb, exactly as llama.cpp's CPU
     backend does (so results track it): qb = 32 like quantize_row_q8_0 (scale rounded to f16,
     id = 127/amax, round half to even), qb = 256 like quantize_row_q8_K (iscale = -127/max by sign).
 
-    x (M, K) float32 -> xq (M, K) int16 codes (or uint8 codes + off, off = 128: the u8 x s8 VNNI form),
+    x (M, K) float32 -> xq (M, K) int16 or int8 codes,
     dx (M, K/qb) float32 scales, bs (M, K/16) int32 sums of 16 codes.
     s1: (M, K/16) float32 filled only when it has columns (qb = 32, weights with a min: Q4_1 / Q5_1 use
     block_q8_1): s1[m, 2b] = block b's s of quantize_row_q8_1, i.e. d * sum(codes) with the unrounded
@@ -54,7 +54,7 @@ def quantize_act(xq, dx, bs, s1, x, qb, off):
                 tot = np.int32(0)
                 for k in range(qb):
                     c = np.int32(np.rint(xb[k] * inv))
-                    cb[k] = c + off
+                    cb[k] = c
                     tot += c
                 if s1.shape[1]:
                     s1[m, 2 * blk] = f16_round(d * np.float32(tot))
@@ -62,7 +62,7 @@ def quantize_act(xq, dx, bs, s1, x, qb, off):
             elif amax == 0:
                 dx[m, blk] = 0
                 for k in range(qb):
-                    cb[k] = off
+                    cb[k] = 0
             else:
                 first = qb  # the first value of largest magnitude (its sign is the codes'): an index min
                 for k in range(qb):
@@ -70,12 +70,12 @@ def quantize_act(xq, dx, bs, s1, x, qb, off):
                 iscale = np.float32(-127.0) / xb[first]
                 dx[m, blk] = np.float32(1.0) / iscale
                 for k in range(qb):
-                    cb[k] = np.int32(min(np.float32(127.0), np.rint(iscale * xb[k]))) + off
+                    cb[k] = np.int32(min(np.float32(127.0), np.rint(iscale * xb[k])))
         for j in range(K // 16):
             cj = qr[16 * j:16 * j + 16]
             s = np.int32(0)
             for k in range(16):
-                s += np.int32(cj[k]) - off
+                s += np.int32(cj[k])
             bs[m, j] = s
 
 
@@ -192,13 +192,13 @@ def split_driver(fmt: int):
 
 
 @jit
-def _quantize_chunks(xq, dx, bs, s1, x, qb, off, c, bounds):
+def _quantize_chunks(xq, dx, bs, s1, x, qb, c, bounds):
     lo, hi = bounds[c], bounds[c + 1]
-    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], s1[lo:hi], x[lo:hi], qb, off)  # s1 with 0 columns: unused
+    quantize_act(xq[lo:hi], dx[lo:hi], bs[lo:hi], s1[lo:hi], x[lo:hi], qb)  # s1 with 0 columns: unused
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def quantize_act_split(xq, dx, bs, s1, x, qb, off, bounds):
+def quantize_act_split(xq, dx, bs, s1, x, qb, bounds):
     """quantize_act over the row chunks [bounds[c], bounds[c+1]) in parallel."""
     for c in numba.prange(len(bounds) - 1):
-        _quantize_chunks(xq, dx, bs, s1, x, qb, off, c, bounds)
+        _quantize_chunks(xq, dx, bs, s1, x, qb, c, bounds)

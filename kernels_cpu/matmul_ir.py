@@ -59,7 +59,7 @@ class Emit:
 
     def __init__(self, builder, ptrs, offs, xdtype: str, w: int, feats: frozenset[str]):
         """ptrs: byte pointers (facc, xq, dx, bs, qs, sc); offs: i64 values (xoff, xstride, dxoff, dxstride,
-        bsoff, bsstride, qoff, soff); xdtype: the activation codes' type ('int16', 'uint8', 'int8'); feats: the
+        bsoff, bsstride, qoff, soff); xdtype: the activation codes' type ('int16', 'int8'); feats: the
         target's LLVM feature names (which instructions the bodies use)."""
         self.b = builder
         self.w = w
@@ -71,8 +71,6 @@ class Emit:
         xoff, xstride, dxoff, dxstride, bsoff, bsstride, qoff, soff = offs
         self.facc = facc
         self.xq, self.xoff, self.xstride = xq, xoff, xstride
-        # uint8 activations (codes + 128): the 32-block formats' u8 x s8 form (see xquad / dpbusd)
-        self.x_u8 = xdtype == "uint8"
         # int8 activations: the unsigned-weight form (codes u8 x activations s8, vpmaddubsw; see maddubs), and
         # on NEON every quantized format's form (matmul_neon.s8_sums)
         self.x_s8 = xdtype == "int8"
@@ -163,7 +161,7 @@ class Emit:
         return self.b.bitcast(self.splat(v, self.w), V(I8, 2 * self.w))
 
     def xquad(self, i: int, k: int):
-        """uint8 activation row i, elements k..k+3 of the current block as a broadcast <W x i32>."""
+        """int8 activation row i, elements k..k+3 of the current block as a broadcast <W x i32> (a quad)."""
         return self.splat(self.load(self.xq, self.elem_off(self.xoff, self.xstride, i, k, 1), I32), self.w)
 
     def xval(self, i: int, k: int):

@@ -65,6 +65,11 @@ def nib_quads(e: Emit, t, run: int = NIB_RUN) -> list:
     return lo + hi
 
 
+def q8_quads(e: Emit, t) -> list:
+    """The 8 quad vectors of a Q8_0 block stored as quads (repack plane "q8q": codes + 128, 0..255), run t = 0."""
+    return [_load(e, e.lin(t, 512, 64 * j)) for j in range(8)]
+
+
 def q4_k_quads(e: Emit, t) -> list:
     return nib_quads(e, t)
 
@@ -156,12 +161,12 @@ def form(e: Emit) -> Form:
 
 
 def quad_sums(e: Emit, mb: int, quads: Callable, scale: Callable, per_scale: int, chunk: int,
-              runs: int = 8) -> list:
+              runs: int = 8, fm: Form | None = None) -> list:
     """Exact per-row sums (<W x i32>) over the block's `runs` runs (8 of a super-block, 1 of a 32-block) of
     scale * code * x: quads(e, t) -> the run's 8 quad vectors of codes; scale(e, t, pp) -> <W x i32> scales of
     pair pp of run t, shared by `per_scale` consecutive quads; `chunk` quads (dividing per_scale) summed in int16
-    by the madd form."""
-    fm = form(e)
+    by the madd form. fm: the form to use instead of the target's (form(e))."""
+    fm = fm or form(e)
 
     def xq(t):
         return lambda i, l: e.xquad(i, e.lin(t, 32, 4 * l))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from quant.types import QuantType as Q
 
 from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
-from .matmul_kquad import nib_quads, q5_k_quads, quad_sums
+from .matmul_kquad import FORMS, nib_quads, q5_k_quads, q8_quads, quad_sums
 from .matmul_neon import s8_sums
 from .repack import LAYOUTS, QUAD_32
 
@@ -32,22 +32,18 @@ def _finish32(e: Emit, mb: int, sums: list, with_min: bool) -> None:
             e.acc[i] = e.fma(m, ys, e.acc[i])
 
 
+def _minus_offset(e: Emit, mb: int, sums: list, offset: int) -> list:
+    """Block sums of codes stored `offset` above their values: minus offset * (each row's activation sum)."""
+    if not offset:
+        return sums
+    return [e.b.sub(sums[i], e.mul(e.splat(e.add(e.bsum(i, 0), e.bsum(i, 1)), e.w), e.c32(offset)))
+            for i in range(mb)]
+
+
 def _signed_sums(e: Emit, mb: int, pairs8) -> list:
     """Exact block sums sum(w * xq) per row (<W x i32>) from the 16 pair vectors as signed bytes (<2W x i8>;
-    pair p holds elements (2p, 2p+1)). With int16 activations: 16 packed multiply-adds (vpmaddwd / vpdpwssd),
-    pair-outer so that one widened weight vector is live at a time. With uint8 activations (codes + 128,
-    e.x_u8), pairs (2l, 2l+1) form one quad vector and the sum is 8 vpdpbusd, started from -128 * (the row's
-    sum of the 32 weights), shared by the mb rows."""
-    if e.x_u8:
-        quads = [e.quad(pairs8[2 * ln], pairs8[2 * ln + 1]) for ln in range(8)]
-        bias = e.c32(0x80808080 - (1 << 32))
-        wsum = e.zeros_i32()
-        for q in quads:
-            wsum = e.dpbusd(wsum, bias, q)
-        sums = [e.b.sub(e.zeros_i32(), wsum)] * mb
-        for ln in range(8):
-            sums = [e.dpbusd(sums[i], e.xquad(i, 4 * ln), quads[ln]) for i in range(mb)]
-        return sums
+    pair p holds elements (2p, 2p+1)) and int16 activations: 16 packed multiply-adds (vpmaddwd / vpdpwssd),
+    pair-outer so that one widened weight vector is live at a time."""
     nc = e.chains(mb)
     sums = [e.zeros_i32()] * (mb * nc)
     for p in range(16):
@@ -87,10 +83,7 @@ def _nibble_body(qt: Q, offset: int, high_bits: bool, with_min: bool):
     def body(e: Emit, mb: int) -> None:
         if qt in QUAD_32 and e.x_s8 and not e.neon:
             sums = quad_sums(e, mb, quads, lambda e_, t, pp: e_.c32(1), 8, 4 if high_bits else 8, runs=1)
-            if offset:
-                sums = [e.b.sub(sums[i], e.mul(e.splat(e.add(e.bsum(i, 0), e.bsum(i, 1)), e.w), e.c32(offset)))
-                        for i in range(mb)]
-            _finish32(e, mb, sums, with_min)
+            _finish32(e, mb, _minus_offset(e, mb, sums, offset), with_min)
             return
         if not e.x_s8:
             _finish32(e, mb, _signed_sums(e, mb, _nibble_pairs(e, offset, high_bits)), with_min)
@@ -102,10 +95,7 @@ def _nibble_body(qt: Q, offset: int, high_bits: bool, with_min: bool):
             return
         pairs = _nibble_pairs(e, 0, high_bits)
         sums = e.u8w_sums(mb, 1, 16, lambda t, p: pairs[p], lambda t, p: None, 4 if high_bits else 8)
-        if offset:
-            sums = [e.b.sub(sums[i], e.mul(e.splat(e.add(e.bsum(i, 0), e.bsum(i, 1)), e.w), e.c32(offset)))
-                    for i in range(mb)]
-        _finish32(e, mb, sums, with_min)
+        _finish32(e, mb, _minus_offset(e, mb, sums, offset), with_min)
     return body
 
 
@@ -133,9 +123,15 @@ def _looped_sums(e: Emit, mb: int) -> list:
 LOOP_MIN_ROWS = 4
 
 
-@register(Q.Q8_0, wide_pass=True)
+@register(Q.Q8_0, wide_pass=True, sliced=Q.Q8_0 in QUAD_32)
 def _q8_0(e: Emit, mb: int) -> None:
-    if not (e.x_s8 or e.x_u8 or e.neon) and e.w == 8 and mb >= LOOP_MIN_ROWS:
+    if Q.Q8_0 in QUAD_32 and e.x_s8 and not e.neon:
+        # quads of codes + 128 x int8 activations: vpdpbusd (its widening form at a width without it; vpmaddubsw's
+        # int16 pairs would saturate on codes up to 255), minus 128 * the activation sum
+        sums = quad_sums(e, mb, q8_quads, lambda e_, t, pp: e_.c32(1), 8, 8, runs=1, fm=FORMS["vnni"])
+        _finish32(e, mb, _minus_offset(e, mb, sums, 128), False)
+        return
+    if not (e.x_s8 or e.neon) and e.w == 8 and mb >= LOOP_MIN_ROWS:
         _finish32(e, mb, _looped_sums(e, mb), False)
         return
     pairs = [e.wvec(32 * p) for p in range(16)]

@@ -43,7 +43,7 @@ TAG = _source_tag()
 
 
 @jit
-def _rows_in(xT, dT, bT, sT, kT, xR, dR, kR, h, tok, qb, off):
+def _rows_in(xT, dT, bT, sT, kT, xR, dR, kR, h, tok, qb):
     # the activations of rows h (T, K) in a driver's form, quantized once per token (xT, dT, bT, sT: quantize_act's
     # outputs, kT the sums the driver takes: bT or sT), then gathered per routed row r = token tok[r] into xR, dR,
     # kR; float activations (qb 0): h copied, zero-padded to xR's columns
@@ -57,7 +57,7 @@ def _rows_in(xT, dT, bT, sT, kT, xR, dR, kR, h, tok, qb, off):
             for c in range(K, xR.shape[1]):
                 xR[r, c] = 0
         return
-    quantize_act(xT, dT, bT, sT, h, qb, off)
+    quantize_act(xT, dT, bT, sT, h, qb)
     for r in range(R):
         t = tok[r]
         xR[r] = xT[t]
@@ -66,7 +66,7 @@ def _rows_in(xT, dT, bT, sT, kT, xR, dR, kR, h, tok, qb, off):
 
 
 @jit
-def _row_act(a, xr, dr, br, sr, qb, off):
+def _row_act(a, xr, dr, br, sr, qb):
     # one activation row a (1, F) into the down projection's form (rows xr, dr, br, sr of one routed row)
     if qb == 0:
         F = a.shape[1]
@@ -75,7 +75,7 @@ def _row_act(a, xr, dr, br, sr, qb, off):
         for c in range(F, xr.shape[1]):
             xr[0, c] = 0
         return
-    quantize_act(xr, dr, br, sr, a, qb, off)
+    quantize_act(xr, dr, br, sr, a, qb)
 
 
 @jit
@@ -107,7 +107,7 @@ def _bounds(starts, G, nt):
 
 def _template(tag):
     def ffn(out, h, logits, k, norm, floor, nt, same_up, alpha, limit, bias,
-            g_in, g_qb, g_off, u_in, u_qb, u_off, d_in, d_qb, d_off,
+            g_in, g_qb, u_in, u_qb, d_in, d_qb,
             gqs, gsc, uqs, usc, dqs, dsc, gb, ub, db, F):
         """out (T, D) = the layer's routed-experts FFN of h (T, D) with router logits (T, E); *_in: the
         activation buffers of the gate, up (the gate's when same_up) and down inputs, see expert_ffn."""
@@ -132,10 +132,10 @@ def _template(tag):
             for r in range(starts[j], starts[j + 1]):
                 rid[r] = eid[j]
         gxT, gdT, gbT, gsT, gkT, gxR, gdR, gkR = g_in
-        _rows_in(gxT, gdT, gbT, gsT, gkT, gxR, gdR, gkR, h, tok, g_qb, g_off)
+        _rows_in(gxT, gdT, gbT, gsT, gkT, gxR, gdR, gkR, h, tok, g_qb)
         uxT, udT, ubT, usT, ukT, uxR, udR, ukR = u_in
         if not same_up:
-            _rows_in(uxT, udT, ubT, usT, ukT, uxR, udR, ukR, h, tok, u_qb, u_off)
+            _rows_in(uxT, udT, ubT, usT, ukT, uxR, udR, ukR, h, tok, u_qb)
         gbuf = np.empty((R, F), np.float32)
         ubuf = np.empty((R, F), np.float32)
         bg = _bounds(starts, gqs.shape[1], nt)
@@ -152,7 +152,7 @@ def _template(tag):
                     gbuf[r, f] += gb[e, f]
                     ubuf[r, f] += ub[e, f]
             ACT(abuf[r:r + 1], gbuf[r:r + 1], ubuf[r:r + 1], alpha, limit)  # noqa: F821
-            _row_act(abuf[r:r + 1], dxR[r:r + 1], ddR[r:r + 1], dbR[r:r + 1], dsR[r:r + 1], d_qb, d_off)
+            _row_act(abuf[r:r + 1], dxR[r:r + 1], ddR[r:r + 1], dbR[r:r + 1], dsR[r:r + 1], d_qb)
         D = out.shape[1]
         y = np.empty((R, D), np.float32)
         bd = _bounds(starts, dqs.shape[1], nt)
@@ -282,7 +282,7 @@ class ExpertFFN:
         gb, ub, db = self._biases
         run(out, h, logits, self.k, self.norm, WEIGHT_SUM_MIN, nt, same_up,
             np.float32(self.alpha), np.float32(self.limit), self.gate_b is not None,
-            g_in, gf.block, gf.offset, u_in, uf.block, uf.offset, d_in, df.block, df.offset,
+            g_in, gf.block, u_in, uf.block, d_in, df.block,
             self.gate.qs, self.gate.sc, self.up.qs, self.up.sc, self.down.qs, self.down.sc, gb, ub, db, F)
         return out
 

@@ -17,7 +17,7 @@ from quant.iquants import iq4_xs_scales
 from quant.types import FORMATS
 from quant.types import QuantType as Q
 
-from ._jit import ARM, jit
+from ._jit import ARM, host_features, jit
 
 R = 16
 _GROUP_CHUNK = 1024  # groups repacked per step (bounds the temporary arrays)
@@ -145,7 +145,11 @@ QUAD_K: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K
 # 8-row slices on AVX2 / AVX-VNNI, 16 with AVX-512): planes "nibq" (+ "bitq"), as the k-quants' run of 32. On
 # AArch64 they keep the pair vectors (NEON). With AVX-512 (Zen 4, 2 threads) the quads beat the pair vectors'
 # vpdpwssd / uint8 VNNI forms: Q5_0 2048x640 M=1 0.023 -> 0.017 ms, M=8 0.068 -> 0.053, M=64 0.47 -> 0.34.
-QUAD_32: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1})
+# Q8_0 joins them where the slice width has vpdpbusd (AVX512-VNNI, AVX-VNNI): plane "q8q", its quads with the
+# codes + 128 (unsigned, exact in vpdpbusd's int32 sums; vpmaddubsw's int16 pairs would saturate, so plain AVX2 and
+# AVX-512 keep the int16 pair vectors, "q8").
+_VNNI = bool({"avx512vnni", "avxvnni"} & host_features())
+QUAD_32: frozenset[Q] = frozenset() if ARM else frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1} | ({Q.Q8_0} if _VNNI else set()))
 
 
 def _quad_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
@@ -154,7 +158,7 @@ def _quad_planes(qtype: Q, pairs: tuple, quads: tuple) -> tuple:
 
 
 LAYOUTS: dict[Q, Layout] = {
-    Q.Q8_0: Layout(32, 512, 32, 32, _split_q8_0, ("q8",)),
+    Q.Q8_0: Layout(32, 512, 32, 32, _split_q8_0, _quad_planes(Q.Q8_0, ("q8",), ("q8q",))),
     Q.Q4_0: Layout(32, 256, 32, 32, _split_q4_0, _quad_planes(Q.Q4_0, ("nib",), ("nibq",))),
     Q.Q4_1: Layout(32, 256, 64, 32, _split_q4_1, _quad_planes(Q.Q4_1, ("nib",), ("nibq",))),
     Q.Q5_0: Layout(32, 320, 32, 32, _split_q5_0, _quad_planes(Q.Q5_0, ("nib", "bit4"), ("nibq", "bitq"))),
@@ -208,6 +212,8 @@ def _plane(kind: str, pv: np.ndarray) -> np.ndarray:
     if kind == "nib":  # per run of 16 pairs: vector v = pair v (low nibble) | pair v+8 (high nibble)
         r = pv.reshape(G, NB, P // 16, 2, 8, 32)
         return ((r[:, :, :, 0] & 15) | ((r[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)
+    if kind == "q8q":  # the 8 quads of the run, codes + 128 (int8 -> offset uint8)
+        return (_quads(pv) ^ np.uint8(0x80)).reshape(G, NB, -1)
     if kind == "nibq":  # per run: vector j (0..3) = quad j (low nibbles) | quad j+4 (high nibbles)
         q = _quads(pv).reshape(G, NB, P // 16, 2, 4, 64)
         return ((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(G, NB, -1)

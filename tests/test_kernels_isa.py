@@ -94,7 +94,9 @@ ASM_EXPECT = {
     ("avx512-vnni", "Q5_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q6_K"): ("vpdpbusd",),
     ("avx512-vnni", "Q3_K"): ("vpdpbusd",),
-    ("avx512-vnni", "Q8_0"): ("vpdpwssd",),
+    # Q8_0 as quads of codes + 128 where vpdpbusd exists (repack.QUAD_32), as the nibble formats' quads
+    ("avx512-vnni", "Q8_0"): ("vpdpbusd",),
+    ("avx2-vnni", "Q8_0"): ("vpdpbusd",),
     # the 32-block nibble formats' quads with AVX-512 too (16-row slices)
     ("avx512-vnni", "Q4_0"): ("vpdpbusd",),
     ("avx512-vnni", "Q5_0"): ("vpdpbusd",),

@@ -273,8 +273,6 @@ def test_activation_quantization_twin(qt):
     x[2, [20, 30]] = -60.0, 60.0
     pw = prepare_weight(random_weight(qt, 16, 512, rng), qt, (16, 512))
     xq, dx, bs = _prepare_x(x, pw)
-    if xq.dtype == np.uint8:  # the VNNI form of the 32-block formats: codes + 128
-        xq = xq.astype(np.int16) - 128
     qb = LAYOUTS[qt].act_block
     x_hat, _ = act_twin(x, qb)
     np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(dx, qb, axis=1).astype(np.float64), x_hat)
@@ -298,7 +296,8 @@ def test_f16_round_matches_numpy():
 X86 = platform.machine() in ("x86_64", "AMD64")
 
 
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4], ids=lambda q: q.name)
+# Q8_0: its quads (where the host has vpdpbusd) in 8-row slices by the widening form of vpdpbusd, or its pairs
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("feats", [pytest.param({"avx2"}, marks=pytest.mark.skipif(
     not X86, reason="x86 intrinsics cannot be compiled for this CPU")), set()], ids=["avx2", "generic"])
 def test_portable_ir_paths(monkeypatch, feats, qt):
@@ -321,12 +320,10 @@ def test_portable_ir_paths(monkeypatch, feats, qt):
     np.testing.assert_array_equal(y, ref)
 
 
-# The activation forms besides int16, each with the formats it serves: uint8 codes + 128 (the VNNI form,
-# vpdpbusd) for the 32-block formats; int8 codes (the unsigned-weight form, vpmaddubsw) for all but Q8_0 and the
-# formats that take int8 codes whatever the flags (the table-lookup formats; the quad vectors of the k-quants on x86
-# and of the 32-block nibble formats on AVX2).
-FORM_CASES = [("ACT_U8", np.uint8, q) for q in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1) if q not in _S8_WEIGHTS] + \
-             [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0 and q not in _S8_WEIGHTS]
+# The activation form besides int16, with the formats it serves: int8 codes (the unsigned-weight form, vpmaddubsw)
+# for all but Q8_0 and the formats that take int8 codes whatever the flags (the table-lookup formats; the quad
+# vectors of the k-quants on x86, of the 32-block nibble formats on x86 and of Q8_0 where vpdpbusd exists).
+FORM_CASES = [("ACT_S8", np.int8, q) for q in F16_FIELDS if q != Q.Q8_0 and q not in _S8_WEIGHTS]
 
 
 @pytest.mark.parametrize("flag,dtype,qt", FORM_CASES, ids=lambda v: getattr(v, "name", str(v)))
@@ -349,7 +346,6 @@ def test_activation_forms_equal_int16_path(monkeypatch, flag, dtype, qt, feats):
     x[4] = np.where(np.arange(k) % 2, -60.0, 60.0)  # codes +-127 everywhere (the u8 ends 1 / 255)
     x[5] = -60.0
     monkeypatch.setattr(mm, "ACT_S8", False)
-    monkeypatch.setattr(mm, "ACT_U8", False)
     ref = matmul(x, pw)
     monkeypatch.setattr(mm, flag, True)
     xq, dx, bs = _prepare_x(x, pw)

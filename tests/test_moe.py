@@ -132,7 +132,7 @@ def test_rows_do_not_depend_on_their_batch(arch, tiny_model):
 
 
 # expert formats of the fused call (each case compiles its own copy): k-quants (int8 quads on x86); gate Q8_0
-# (uint8 activations from 4 rows with AVX512-VNNI), up Q4_1 (Q8_1 block sums: other activations than the gate's),
+# (int16 activations, or int8 for its quads where vpdpbusd exists), up Q4_1 (Q8_1 block sums: other activations than the gate's),
 # down F16 (float activations); MXFP4 with biases, swiglu_oai and gpt-oss's gating
 FUSED_CASES = [(("Q4_K", "Q4_K", "Q6_K"), False), (("Q8_0", "Q4_1", "F16"), False), (("MXFP4", "MXFP4", "MXFP4"), True)]
 
