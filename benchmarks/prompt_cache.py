@@ -51,14 +51,15 @@ def child_main(a) -> None:
     print(json.dumps(out))  # no shutdown(): interpreter exit writes the queued blocks
 
 
-def run_child(cache, plan, *, seed: int, model: str | None = None, tokens: int = 1000, max_batch: int = 8) -> dict:
-    """Run child_main in a new Python process; its JSON result."""
+def run_child(cache, plan, *, seed: int, model: str | None = None, tokens: int = 1000, max_batch: int = 8,
+              timeout: float = 900) -> dict:
+    """Run child_main in a new Python process (given up after `timeout` seconds: a hang guard); its JSON result."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(cache), "--plan", json.dumps(plan),
            "--seed", str(seed), "--tokens", str(tokens), "--max-batch", str(max_batch)]
     if model:
         cmd += ["--model", model]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"child process failed:\n{r.stderr}")
     return json.loads(r.stdout.splitlines()[-1])
