@@ -4,9 +4,10 @@ Repacked layout of one (row group, block) — see repack.py:
   qs: pair vectors of 32 bytes (lane 2r+e = row r, element 2p+e), 4-bit codes two pairs per vector
       (low nibble = pair v, high nibble = pair v+8), Q5 high bits as one u32 per pair (bit = lane);
   sc: f16 d for the 16 rows, then (Q4_1 / Q5_1) f16 m for the 16 rows.
-On x86 without AVX-512 (repack.QUAD_32) the nibble formats' qs is instead one run of 32 as matmul_kquad stores
-the k-quants': 4 nibble vectors of quads ("nibq"), then Q5's fifth bits as one bit-plane vector ("bitq").
-Activations: int16 (quantized per 32 like Q8_0), dx per 32; for the formats with a min (Q4_1, Q5_1) bs holds
+On x86 (repack.QUAD_32) the nibble formats' qs is instead one run of 32 as matmul_kquad stores the k-quants': 4
+nibble vectors of quads ("nibq"), then Q5's fifth bits as one bit-plane vector ("bitq"); Q8_0's too where vpdpbusd
+exists: its 8 quads with the codes + 128 ("q8q"). The quads take int8 activations.
+Activations: int16 (quantized per 32 like Q8_0; int8 for the quads and on NEON), dx per 32; for the formats with a min (Q4_1, Q5_1) bs holds
 the Q8_1 block sum s = f16(d*sum(xq)) (float32, even columns), as llama.cpp's block_q8_1.
 y[r] += d[r]*dx * sum(w*xq)  (+ m[r] * s for the formats with a min): the block's integer sum is exact, then
 one float32 fma per block and row.
