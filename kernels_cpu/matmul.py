@@ -110,7 +110,8 @@ def prepare_weight(raw: np.ndarray, qtype: QuantType | int, shape: tuple[int, in
 
 # On AVX2 hosts without AVX-512 every quantized format but Q8_0 takes int8 activations: its unsigned codes
 # multiply them with vpmaddubsw (32 products per instruction, twice vpmaddwd's; see Emit.u8w_sums). Q8_0's
-# weights are signed, so it keeps int16 activations. Same integer sums, hence the same outputs.
+# weights are signed, so it keeps int16 activations unless the host has vpdpbusd (AVX-VNNI, AVX512-VNNI: its codes
+# + 128 as quads, repack.QUAD_32). Same integer sums, hence the same outputs.
 # On NEON (AArch64) every quantized format takes int8 activations, Q8_0 too (signed x signed: sdot, or smull +
 # sadalp without dotprod; see matmul_neon).
 ACT_S8 = ("avx2" in host_features() and "avx512bw" not in host_features()) or "neon" in host_features()
@@ -140,7 +141,7 @@ def _prepare_x(x: np.ndarray, pw: PreparedWeight):
             xp[:, :K] = x
             x = xp
         return x, _NO_DX, _NO_BS
-    xq = np.empty((M, K), _act_dtype(pw, M))
+    xq = np.empty((M, K), _act_dtype(pw))
     dx = np.empty((M, K // qb), np.float32)
     bs = np.empty((M, K // 16), np.int32)
     if pw.qtype in _Q8_1_WEIGHTS:
@@ -169,19 +170,19 @@ class ActivationForm:
     k_padded: int
 
 
-def activation_form(pw: PreparedWeight, m: int) -> ActivationForm:
-    """The activation form of m rows for pw's drivers (for kernels that quantize activations themselves, e.g.
-    kernels_cpu.moe_ffn)."""
+def activation_form(pw: PreparedWeight) -> ActivationForm:
+    """The activation form pw's drivers take, for any number of rows (for kernels that quantize activations
+    themselves, e.g. kernels_cpu.moe_ffn)."""
     if pw._act_block == 0:
         return ActivationForm(np.float32, 0, False, pw._kp)
-    dt = _act_dtype(pw, m)
+    dt = _act_dtype(pw)
     return ActivationForm(dt, pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw.shape[1])
 
 
-def _act_dtype(pw: PreparedWeight, m: int):
-    """Activation code type for m rows and weight pw: int8 (the table-lookup and quad formats everywhere; the
-    unsigned-weight form, ACT_S8) or int16 (the pair vectors of Q8_0 without VNNI on x86, float-free formats'
-    int16 paths)."""
+def _act_dtype(pw: PreparedWeight):
+    """Activation code type of weight pw's drivers, whatever the row count: int8 (the table-lookup formats,
+    _S8_WEIGHTS; every quad-vector format where ACT_S8) or int16 (Q8_0's pair vectors, where the host has no
+    vpdpbusd / sdot form for it: S8_Q8_0 false)."""
     if pw.qtype in _S8_WEIGHTS or (ACT_S8 and (pw.qtype != QuantType.Q8_0 or S8_Q8_0)):
         return np.int8
     return np.int16
@@ -214,10 +215,10 @@ def _as_input(x: np.ndarray, pw: PreparedWeight) -> np.ndarray:
     return x
 
 
-def _act_key(pw: PreparedWeight, m: int) -> tuple:
-    """Weights with equal keys take the same activation arrays (of m rows) from _prepare_x."""
+def _act_key(pw: PreparedWeight) -> tuple:
+    """Weights with equal keys take the same activation arrays from _prepare_x."""
     return (pw._act_block, pw.qtype in _Q8_1_WEIGHTS, pw._kp if pw._act_block == 0 else 0,
-            _act_dtype(pw, m) if pw._act_block else None)
+            _act_dtype(pw) if pw._act_block else None)
 
 
 def matmul(x: np.ndarray, pw: PreparedWeight, out: np.ndarray | None = None) -> np.ndarray:
@@ -251,7 +252,7 @@ def matmul_many(x: np.ndarray, weights: list[PreparedWeight]) -> list[np.ndarray
         xw = _as_input(x, pw)
         out = np.empty((x.shape[0], pw.shape[0]), np.float32)
         if x.shape[0]:
-            key = _act_key(pw, x.shape[0])
+            key = _act_key(pw)
             if key not in acts:
                 acts[key] = _prepare_x(xw, pw)
             _run(out, acts[key], pw)

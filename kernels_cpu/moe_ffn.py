@@ -269,8 +269,8 @@ class ExpertFFN:
         if T == 0:
             return out
         R = T * self.k
-        gf, uf = activation_form(self.gate.experts[0], T), activation_form(self.up.experts[0], T)
-        df = activation_form(self.down.experts[0], R)
+        gf, uf = activation_form(self.gate.experts[0]), activation_form(self.up.experts[0])
+        df = activation_form(self.down.experts[0])
         g_in = _gathered(gf, D, T, R)
         same_up = uf == gf  # the same activations: quantized once
         u_in = g_in if same_up else _gathered(uf, D, T, R)

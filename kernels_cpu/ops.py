@@ -285,7 +285,7 @@ def f16_bits_to_f32(typingctx, bits):
 @intrinsic
 def f32_to_f16_bits(typingctx, x):
     """float32 -> IEEE half bits (int16), rounded to nearest even (LLVM fptrunc: F16C vcvtps2ph on x86, fcvt on
-    AArch64; vectorizes). Equal to f16_bits for every non-NaN input; a NaN stays a NaN (its payload may differ)."""
+    AArch64; vectorizes). Equal to NumPy's astype(float16) for every non-NaN input; a NaN stays a NaN (its payload may differ)."""
     def codegen(context, builder, signature, args):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
     return types.int16(types.float32), codegen
@@ -308,41 +308,18 @@ def f32_to_bits(typingctx, x):
 
 
 @jit(inline="always")
-def f16_bits(x):
-    """IEEE binary16 bits (uint16) of the float32 whose bits are x (uint32), rounded to nearest even — what
-    NumPy's astype(float16) and vcvtps2ph give (NaN -> quiet NaN of the same sign)."""
-    sgn = np.uint16((x >> np.uint32(16)) & np.uint32(0x8000))
-    exp = x & np.uint32(0x7F800000)
-    sig = x & np.uint32(0x007FFFFF)
-    if exp >= np.uint32(0x47800000):  # overflow, inf, NaN
-        if exp == np.uint32(0x7F800000) and sig != 0:
-            return np.uint16(sgn | np.uint16(0x7E00))
-        return np.uint16(sgn | np.uint16(0x7C00))
-    if exp <= np.uint32(0x38000000):  # f16 subnormal or zero
-        if exp < np.uint32(0x33000000):
-            return sgn
-        e = exp >> np.uint32(23)
-        sig = (sig + np.uint32(0x00800000)) >> (np.uint32(113) - e)
-        if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000) or (x & np.uint32(0x07FF)) != 0:
-            sig += np.uint32(0x1000)
-        return np.uint16(sgn + np.uint16(sig >> np.uint32(13)))
-    if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000):
-        sig += np.uint32(0x1000)
-    return np.uint16(sgn + np.uint16(((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13))))
-
-
-@jit(inline="always")
 def f16_round(v):
     """float32 v rounded to the nearest float16 value (ties to even), as float32 (inf past the f16 range)."""
-    return f16_bits_to_f32(np.int16(f16_bits(f32_to_bits(np.float32(v)))))
+    return f16_bits_to_f32(f32_to_f16_bits(np.float32(v)))
 
 
 @jit
 def f16_bits_array(x):
-    """(n,) uint32 float32 bits -> (n,) uint16 f16 bits (see f16_bits)."""
+    """(n,) uint32 float32 bits -> (n,) uint16 f16 bits, rounded to nearest even as NumPy's astype(float16)
+    (f32_to_f16_bits; a NaN stays a NaN)."""
     out = np.empty(x.shape[0], np.uint16)
     for i in range(x.shape[0]):
-        out[i] = f16_bits(x[i])
+        out[i] = np.uint16(np.int64(f32_to_f16_bits(bits_to_f32(x[i]))) & 0xFFFF)
     return out
 
 
