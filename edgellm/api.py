@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from edgellm import heap
 from edgellm.engine.engine import Engine
 from edgellm.engine.kv_cache import check_kv_dtype
 from edgellm.engine.loop import EngineLoop
@@ -72,20 +73,6 @@ class Scratch:
         return self.model.logits(h)
 
 
-def _trim_heap() -> None:
-    """glibc keeps freed arenas; give them back to the OS (a no-op elsewhere)."""
-    import gc
-
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
 def load_model(model: str | None = None, *, progress: bool = True) -> LoadedModel:
     """Resolve and open a GGUF model, validated: a path (a split model's first shard), a stored model's name,
     a Hugging Face ``REPO[:QUANT]`` (pulled on first use, with progress), or None for the default model."""
@@ -133,7 +120,8 @@ class LLM:
         self.engine = Engine(self.loaded, self.model, lambda: self.tokenizer, ctx_size=self.ctx_size,
                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch, kv_dtype=kv_dtype,
                              prompt_cache=prompt_cache, prompt_cache_gb=prompt_cache_gb, speculative=spec)
-        _trim_heap()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
+        heap.trim()  # hand back the loader's and tokenizer builder's temporary buffers before weights page in
+        heap.keep_freed_buffers()  # forward passes reuse their buffers (edgellm/heap.py)
         warm_up(self, progress=progress)
         self.loop = EngineLoop(self.engine)
 
