@@ -159,6 +159,8 @@ def test_decode_kernel_instructions(isa, qt):
         loop = [l for l in hot_loop(asm, ASM_EXPECT[isa, qt][0]) if re.match(r"^\s+[a-z]", l)]
         n_op = sum(bool(re.search(rf"\b{ASM_EXPECT[isa, qt][0]}\b", l)) for l in loop)
         assert len(loop) <= DENSITY_LIMIT[isa, qt] * n_op, f"{isa} {qt}: {len(loop)} instructions for {n_op}"
+    # decode streams each weight from memory: the block step prefetches ahead (kernels_cpu.matmul_ir.PREFETCH_BYTES)
+    assert re.search(r"\bprefetcht1\b", asm), f"{isa} {qt}: no prefetch of the weights ahead"
     if isa.startswith("avx2"):
         assert "zmm" not in asm, f"{isa} {qt}: an AVX-512 register in an AVX2 build"
     assert "vpmuldq" not in asm  # the int64-widening fallback that plain Numba loops give
@@ -242,6 +244,7 @@ def check_neon_asm(asm: str, dotprod: bool, qt: str) -> None:
         loop = hot_loop(asm, "smlal", A64_BRANCH)
         if qt in ("Q8_0", "Q4_0", "Q5_0"):  # no sub-block scales: each row's int16 lanes added by sadalp
             assert count(loop, r"\bsa(?:da|dd)lp\b"), f"{qt}: no sadalp / saddlp"
+    assert re.search(r"\bprfm\s+pldl2keep\b", asm), f"{qt}: no prefetch of the weights ahead"
     limit = 0 if qt in HOT_FORMATS else 16
     assert count(loop, SP_ACCESS) <= limit, f"{qt}: stack accesses in the hot loop:\n" + "\n".join(loop)
     assert not re.search(r"^\s+bl\s", "\n".join(loop), re.M), f"{qt}: a call (a runtime routine) in the hot loop"
