@@ -5,12 +5,14 @@ A forward pass allocates and frees the same few large arrays every layer (a 512-
 (512, 8192) gate / up / product of the FFN, 16 MB each). glibc serves requests above its mmap threshold
 (dynamic: 128 KiB up to the largest block freed so far) with fresh mmaps and trims the heap's free top past
 twice that, so each pass touched ~100 MB of new pages: ~26,000 page faults per 512-row prefill of llama-1b, whose
-zeroing cost ~0.2-0.8 s of system time (first touch of guest memory on a VM is slow: ~8 us a page). Fixed
-thresholds keep those buffers in the heap, reused pass after pass, as llama.cpp reuses its compute buffer.
+zeroing cost ~0.2-0.8 s of system time (first touch of guest memory on a VM is slow: ~8-50 us a page, measured
+on an Intel KVM guest). Fixed thresholds keep those buffers in the heap, reused pass after pass, as llama.cpp
+reuses its compute buffer.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import sys
 
@@ -19,7 +21,9 @@ MMAP_THRESHOLD = 32 << 20  # blocks from 32 MiB up still get their own mapping (
 TRIM_THRESHOLD = 1 << 30  # free heap top kept up to 1 GiB: the next pass reuses it (trim() hands it back on demand)
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
+    """glibc's handle (opened once), or None where the C library is not glibc."""
     if not sys.platform.startswith("linux"):
         return None
     try:
