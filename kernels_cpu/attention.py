@@ -2,15 +2,15 @@
 
 K/V live in blocks: kcache[block, slot_in_block, kv_head, :]. Each query row knows its sequence (block
 table) and its position; it attends to positions [lo, pos] of its own sequence. Each (row, head) is
-computed independently in a fixed order (llama.cpp's, see paged_attention), so a row's result does not depend
-on other sequences' rows in the batch. The kernel and the IR it inlines: kernels_cpu/attention_kernel.py.
+computed in a fixed order (see paged_attention), so a row's result does not depend on the other rows in the
+batch. The kernel and the IR it inlines: kernels_cpu/attention_kernel.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from kernels_cpu._jit import jit
-from kernels_cpu.attention_kernel import _paged_attention, _paged_attention_split
+from kernels_cpu.attention_kernel import AHEAD, NQ_MAX, _paged_attention, _paged_attention_split, attention_jobs
 from kernels_cpu.attention_q8 import Q8Cache
 from kernels_cpu.parallel import parallel_for
 
@@ -54,11 +54,11 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     d * q); positions, row_seq: (T,); block_tables: (S, MB) int32 block ids. Returns (T, H, vd) float32.
     Shapes and block ids are validated here because the kernel does no bounds checks.
 
-    The float operations are llama.cpp's (ggml-cpu, F32 K/V cache, no flash attention) for a batch of several
-    tokens, so an F32 cache gives its results bit for bit there; a compact form gives what an F32 cache of its
-    widened values gives. Every row sums P @ V in that order (tinyBLAS sgemm's), also a lone decode row, where
-    llama.cpp takes ggml_vec_dot_f32's: a row's result depends only on its query, position and sequence, never
-    on the other rows of the call, on chunking or on whether it is a generated token (batch invariance).
+    llama.cpp's steps (ggml-cpu, no flash attention: K Q, scale, soft-cap, mask, softmax by ggml_expf, P V) within
+    float rounding of its results, each sum in one fixed order of its own (kernels_cpu/attention_kernel.py); a
+    compact form gives what an F32 cache of its widened values gives, bit for bit. A row's result depends only on
+    its query, position and sequence, never on the other rows of the call, on chunking or on whether it is a
+    generated token (batch invariance).
 
     sinks: optional (H,) float32 per-head logits that join each softmax's max and denominator but carry no value
     (gpt-oss; llama.cpp's ggml_soft_max_add_sinks); None leaves every result as it was, bit for bit.
@@ -81,19 +81,17 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
     out = np.empty((T, H, vcache.shape[3]), dtype=np.float32)
     max_ctx = (int(positions[0]) if T == 1 else int(positions.max()) if T else 0) + 1  # (T = 1: no reduction)
     group = H // KVH
-    # split (row, KV head) jobs over threads when there is enough work per thread (~64k MACs)
-    work = max(1, (max_ctx if not window else min(max_ctx, window)) * (hd + vcache.shape[3]) * group)
     dims = (H, KVH, hd, vcache.shape[3], BS)
-    # per (row, KV head) job: the cells it reads (causal rows late in a prompt do more; split by that work)
-    cost = None
-    if T > 1:
-        ctx = positions + 1 if not window else np.minimum(positions + 1, window)
-        cost = np.repeat(ctx + 16, KVH)
-    parallel_for(_paged_attention, T * KVH, max(1, 65536 // work),
-                 lambda: np.empty(group * (max_ctx + 128), np.float32),
+    # jobs: up to NQ_MAX query vectors sharing their K/V cells (rows of a sequence x heads of a KV head), split
+    # over threads by their work (cells x query vectors) when there is enough of it (~64k MACs a thread)
+    jobs = attention_jobs(positions, row_seq, KVH, group)
+    cost = jobs[:, 5]
+    work = int(cost.sum()) * (hd + vcache.shape[3])
+    parallel_for(_paged_attention, len(jobs), len(jobs) if work < 2 * 65536 else 1,
+                 lambda: np.empty(NQ_MAX * (max_ctx + AHEAD), np.float32),
                  out.reshape(-1), np.ascontiguousarray(q, dtype=np.float32).reshape(-1),
                  _flat(kcache), _flat(vcache), dims,
-                 positions, row_seq, block_tables, int(window), np.float32(scale), np.float32(softcap), sinks,
+                 positions, row_seq, block_tables, int(window), np.float32(scale), np.float32(softcap), sinks, jobs,
                  cost=cost, split=_paged_attention_split)
     return out
 

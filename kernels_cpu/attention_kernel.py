@@ -1,6 +1,14 @@
-"""The paged attention kernel (kernels_cpu/attention.py calls it) and the LLVM IR of llama.cpp's SIMD sums that it
-inlines: vectors in registers, operations in ggml's order. One file, because Numba's cache of a kernel is only
-invalidated by edits to the kernel's own file, not to the intrinsics it inlines.
+"""The paged attention kernel (kernels_cpu/attention.py calls it) and the LLVM IR of the tiles it inlines: Q K^T, the
+softmax and P V of one job (up to NQ_MAX query vectors that share their K/V cells) with vectors in registers. One
+file, because Numba's cache of a kernel is only invalidated by edits to the kernel's own file, not to the
+intrinsics it inlines.
+
+Each value sums in one fixed order, whatever the job's shape (the batch, the chunking, a decode row alone): a
+score over PARTIALS partial sums added by halving, a softmax denominator over chunks of 16 cells, an output as one
+fma chain over its visible cells. llama.cpp's orders (tinyBLAS lanes over the cells for P V, 64 partials for
+K Q) are not kept: they made each score a horizontal reduction and kept the queries of a prefill from sharing
+their K and V loads (1B shape, 512-row prefill, 2 threads: 30 -> 18 ms a layer; the model's perplexity as close
+to llama.cpp's as before, tests/test_golden_gemma.py).
 
 A K/V cache comes in one of these forms (its Numba type), read as <n x float> vectors by the form's loader:
 
@@ -24,13 +32,10 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from kernels_cpu import ops
-from kernels_cpu._jit import jit, parallel_jit
-from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32, ggml_expf
+from kernels_cpu._jit import host_features, jit, parallel_jit
+from kernels_cpu.ops import bits_to_f32, f16_bits_to_f32, fma32
 
 _F32, _I64, _I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-_PV_WIDTH = 16  # output elements per vector in the P @ V kernels
-PV_HEADS = 4  # query heads of a KV head summed together by pv_sgemm (each V slice loaded once for them)
-_EXP_LANES = 8  # softmax exponentials a vector (expf_sub)
 
 
 def _vec(n, ty=_F32):
@@ -66,33 +71,6 @@ def _lanes(builder, v, idx):
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
-def _reduce16(builder, v):
-    """GCC's _mm512_reduce_add_ps of a <16 x float>: hi + lo halves 16 -> 8 -> 4, then [0]+[2], [1]+[3], then
-    the two."""
-    v = builder.fadd(_lanes(builder, v, list(range(8, 16))), _lanes(builder, v, list(range(8))))
-    v = builder.fadd(_lanes(builder, v, [4, 5, 6, 7]), _lanes(builder, v, [0, 1, 2, 3]))
-    v = builder.fadd(v, _lanes(builder, v, [2, 3, 0, 1]))
-    lane = [builder.extract_element(v, ir.Constant(_I32, i)) for i in (0, 1)]
-    return builder.fadd(*lane)
-
-
-def _reduce16_list(builder, xs):
-    """The same reduction tree across 16 values (lane l = xs[l]), element-wise for vectors."""
-    return _reduce16_lazy(builder, xs.__getitem__)
-
-
-def _reduce16_lazy(builder, lane):
-    """_reduce16_list of lane(0..15), emitting each lane's code only when the tree needs it, so that a few partial
-    sums are live at a time instead of 16 vectors (which spilled accumulators to the stack)."""
-    def t(i):
-        return builder.fadd(lane(i + 8), lane(i))
-
-    def u(i):
-        return builder.fadd(t(i + 4), t(i))
-
-    return builder.fadd(builder.fadd(u(0), u(2)), builder.fadd(u(1), u(3)))
-
-
 # --- loaders: one per cache form ---------------------------------------------------------------------------
 
 def _data(context, builder, ty, val):
@@ -100,17 +78,15 @@ def _data(context, builder, ty, val):
 
 
 class _LoadF32:
-    sgemm_lanes = 16  # lanes of pv_sgemm accumulated in one pass over the chunks (see _LoadQ8)
-
     def __init__(self, context, builder, ty, val):
         self.b, self.p = builder, _data(context, builder, ty, val)
 
     def load(self, off, n):
         return _vload(self.b, self.p, off, n)
 
-    def load32(self, off):
-        """Elements off .. off + 31 as two <16 x float> (off % 32 == 0)."""
-        return self.load(off, 16), self.load(self.b.add(off, ir.Constant(_I64, 16)), 16)
+    def address(self, off):
+        """Element off's address (i8*), for a prefetch."""
+        return self.b.bitcast(self.b.gep(self.p, [off]), ir.IntType(8).as_pointer())
 
 
 class _LoadF16(_LoadF32):
@@ -127,10 +103,6 @@ class _LoadBF16(_LoadF32):
 
 class _LoadQ8:
     """q8_0: elements off .. off + n - 1 must lie in one 32-value block (off % 32 + n <= 32)."""
-
-    # 16 lanes in one pass: LLVM hoists the cells' loads and widening above the fmas and spills them with the
-    # accumulators to the stack (2x slower); two passes of 8 lanes over the chunks keep them in registers
-    sgemm_lanes = 8
 
     def __init__(self, context, builder, ty, val):
         qs, d = cgutils.unpack_tuple(builder, val, 2)
@@ -149,9 +121,8 @@ class _LoadQ8:
     def load(self, off, n):
         return self.b.fmul(self._scale(off, n), self._q(off, n))  # exact: 11 x 8 significant bits
 
-    def load32(self, off):
-        d = self._scale(off, 16)  # one block: one scale
-        return self.b.fmul(d, self._q(off, 16)), self.b.fmul(d, self._q(self.b.add(off, ir.Constant(_I64, 16)), 16))
+    def address(self, off):
+        return self.b.bitcast(self.b.gep(self.pq, [off]), ir.IntType(8).as_pointer())
 
 
 def kv_form(ty) -> str | None:
@@ -171,252 +142,335 @@ def _loader(context, builder, ty, val):
     return LOADERS[kv_form(ty)](context, builder, ty, val)
 
 
-# --- the sums -------------------------------------------------------------------------------------------------
+# --- the tiles: Q K^T and P V of one job, vectorised over its query vectors / value elements -----------------
 
-@intrinsic
-def vdot(typingctx, a, aoff, b, boff, n):
-    """ggml_vec_dot_f32 (AVX512) of a[aoff:aoff+n] (flat float32) and the cached b[boff:boff+n] (any form, widened;
-    n % 64 == 0): 4 accumulators of 16 lanes (element i: lane i % 64, fma over i // 64), (s0 + s2) + (s1 + s3),
-    reduce_add."""
-    def codegen(context, builder, sig, args):
-        aoff_ = _as_i64(context, builder, sig.args[1], args[1])
-        pa = builder.gep(_data(context, builder, sig.args[0], args[0]), [aoff_])
-        kb = _loader(context, builder, sig.args[2], args[2])
-        boff_ = _as_i64(context, builder, sig.args[3], args[3])
-        nn = _as_i64(context, builder, sig.args[4], args[4])
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(16), [0.0] * 16)) for _ in range(4)]
-        with cgutils.for_range(builder, builder.udiv(nn, ir.Constant(_I64, 64))) as lp:
-            base = builder.mul(lp.index, ir.Constant(_I64, 64))
-            kv = [v for j in (0, 32) for v in kb.load32(builder.add(boff_, builder.add(base, ir.Constant(_I64, j))))]
-            for j, acc in enumerate(accs):
-                off = builder.add(base, ir.Constant(_I64, 16 * j))
-                builder.store(_fma(builder, _vload(builder, pa, off), kv[j], builder.load(acc)), acc)
-        s0, s1, s2, s3 = (builder.load(a) for a in accs)
-        return _reduce16(builder, builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
-    if not (isinstance(a, types.Array) and a.dtype == types.float32 and kv_form(b)):
-        return None
-    return types.float32(a, aoff, b, boff, n), codegen
+def _native_width() -> int:
+    """float32 lanes of the host's vector registers (AVX-512: 16, AVX2: 8, NEON: 4)."""
+    f = host_features()
+    return 16 if "avx512f" in f else 4 if "neon" in f else 8
 
 
-def _reduce16x4(builder, vs):
-    """_reduce16 of four <16 x float> at once, the same additions per vector (lane i + lane i+8, then i + i+4, then
-    i + i^2, then lanes 0 + 1), with the four vectors' partial sums packed side by side: -> 4 float32."""
-    b = builder
-
-    def halves(x, y, hi, lo):  # lanes hi of x, then of y  +  lanes lo of x, then of y
-        return b.fadd(b.shuffle_vector(x, y, ir.Constant(_vec(16, _I32), hi)),
-                      b.shuffle_vector(x, y, ir.Constant(_vec(16, _I32), lo)))
-    # step 1: (a hi8 + a lo8 | b hi8 + b lo8), the same for c, d
-    hi8, lo8 = list(range(8, 16)) + list(range(24, 32)), list(range(8)) + list(range(16, 24))
-    ab, cd = halves(vs[0], vs[1], hi8, lo8), halves(vs[2], vs[3], hi8, lo8)
-    # step 2: per vector (8 lanes at 8j): hi4 + lo4 -> lanes 4j..4j+3 for a, b, c, d
-    hi4 = [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31]
-    lo4 = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]
-    u = halves(ab, cd, hi4, lo4)
-    # step 3: u[i] + u[i ^ 2] in each group of 4; step 4: lane 0 + lane 1 of each group
-    t = b.fadd(u, _lanes(b, u, [j ^ 2 for j in range(16)]))
-    r = b.fadd(t, _lanes(b, t, [j ^ 1 for j in range(16)]))
-    return [b.extract_element(r, ir.Constant(_I32, 4 * j)) for j in range(4)]
+# A KQ score's order, the same on every host and in every path of the kernel: PARTIALS partial sums, partial j
+# an fma chain over the elements d = j, j + PARTIALS, ... below hd - hd % PARTIALS, added by halving (j + j + 8,
+# then j + j + 4, ...), then the leftover elements fma'd on in order. As vectors: one <16 x float> of partials per
+# query (qk_cells), or PARTIALS registers of query lanes per cell (qk_lanes): the same additions.
+PARTIALS = 16
+# query vectors a job: qk_lanes' 16 registers of query lanes fill half of AVX-512's 32 zmm; with 16 ymm (AVX2) or
+# 32 q registers of 4 lanes (NEON) they would spill, so there every job is a few queries for qk_cells
+NQ_MAX = 16 if _native_width() == 16 else 4
+# P V: value elements a vector, and accumulators (vectors) side by side: enough fma chains to hide the latency
+PV_WIDTH = 16 if _native_width() == 16 else 8
+_PV_ACCS = 16 if _native_width() != 8 else 8
+AHEAD = 8  # cells: how far ahead the tiles prefetch K / V rows (koff / voff need AHEAD spare entries)
 
 
-@intrinsic
-def vdot4(typingctx, a, aoff, astride, b, boff, n):
-    """(vdot(a, aoff + j*astride, b, boff, n) for j < 4): four query heads against one cached K row, the row loaded
-    once; each dot in vdot's order (n % 64 == 0), the four reductions done side by side (_reduce16x4)."""
-    def codegen(context, builder, sig, args):
-        aoff_ = _as_i64(context, builder, sig.args[1], args[1])
-        ast = _as_i64(context, builder, sig.args[2], args[2])
-        pa = builder.gep(_data(context, builder, sig.args[0], args[0]), [aoff_])
-        pas = [builder.gep(pa, [builder.mul(ast, ir.Constant(_I64, j))]) for j in range(4)]
-        kb = _loader(context, builder, sig.args[3], args[3])
-        boff_ = _as_i64(context, builder, sig.args[4], args[4])
-        nn = _as_i64(context, builder, sig.args[5], args[5])
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_vec(16), [0.0] * 16)) for _ in range(4)]
-                for _ in range(4)]
-        with cgutils.for_range(builder, builder.udiv(nn, ir.Constant(_I64, 64))) as lp:
-            base = builder.mul(lp.index, ir.Constant(_I64, 64))
-            kv = [v for j in (0, 32) for v in kb.load32(builder.add(boff_, builder.add(base, ir.Constant(_I64, j))))]
-            for h in range(4):
-                for j, acc in enumerate(accs[h]):
-                    off = builder.add(base, ir.Constant(_I64, 16 * j))
-                    builder.store(_fma(builder, _vload(builder, pas[h], off), kv[j], builder.load(acc)), acc)
-        vs = []
-        for h in range(4):
-            s0, s1, s2, s3 = (builder.load(x) for x in accs[h])
-            vs.append(builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
-        return context.make_tuple(builder, sig.return_type, _reduce16x4(builder, vs))
-    if not (isinstance(a, types.Array) and a.dtype == types.float32 and kv_form(b)):
-        return None
-    return types.UniTuple(types.float32, 4)(a, aoff, astride, b, boff, n), codegen
+def _halve(b, xs):
+    """xs[0] + ... by halving: [x_i + x_(i + n/2)] until one is left (n a power of 2)."""
+    while len(xs) > 1:
+        h = len(xs) // 2
+        xs = [b.fadd(xs[i], xs[i + h]) for i in range(h)]
+    return xs[0]
 
 
-class _PV:
-    """Codegen of the P @ V intrinsic (arguments: o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd,
-    heads): pointers, the masked fma of one cell, the chunk loop, the output store."""
+def _hsums(b, vs):
+    """[_halve over the lanes of v for v in vs] (up to P vectors of P lanes, a power of 2 of them), the vectors'
+    additions packed side by side: a pair of vectors holding g groups of w lanes becomes one vector of 2g groups of
+    w/2 (group j's lanes i and i + w/2 added), then the last vector halves its groups in place. 4 queries of 16
+    lanes: 8 shuffles and 5 additions instead of 16 and 16."""
+    P = vs[0].type.count
+    w = P
+    while len(vs) > 1:
+        h, g = w // 2, P // w
+        lo = [j * w + i for j in range(g) for i in range(h)]
+        hi = [x + h for x in lo]
 
-    def __init__(self, context, builder, sig, args):
-        ty, b = sig.args, builder
-        self.b = b
-        (self.ooff, self.wstride, self.n_chunks, self.stride, self.first, self.last, self.nvd, self.heads) = (
-            _as_i64(context, b, ty[i], args[i]) for i in (1, 3, 6, 7, 8, 9, 10, 11))
-        self.po0 = b.gep(_data(context, b, ty[0], args[0]), [self.ooff])
-        self.pw0 = _data(context, b, ty[2], args[2])
-        self.v = _loader(context, b, ty[4], args[4])
-        self.pbase = _data(context, b, ty[5], args[5])
-        self.zero = ir.Constant(_vec(_PV_WIDTH), [0.0] * _PV_WIDTH)
+        def pick(x, y, idx):
+            return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, P), idx + [P + i for i in idx]))
+        vs = [b.fadd(pick(vs[i], vs[i + 1], lo), pick(vs[i], vs[i + 1], hi)) for i in range(0, len(vs), 2)]
+        w = h
+    v, width = vs[0], w  # P // width groups of width lanes; group j's sum ends in its lane j * width
+    while w > 1:  # in place: lane x += lane x + w/2 of its group (a group's upper lanes become garbage)
+        h = w // 2
+        v = b.fadd(v, _lanes(b, v, [(x - x % w) + (x % w + h) % w for x in range(P)]))
+        w = h
+    return [b.extract_element(v, ir.Constant(_I32, j * width)) for j in range(P // width)]
 
-    def k(self, x):
+
+class _Tile:
+    """What the tile intrinsics' codegen shares: pointers of its array arguments, i64 constants."""
+
+    def __init__(self, context, builder, sig, args, arrays, loader):
+        self.b = builder
+        self.p = {i: _data(context, builder, sig.args[i], args[i]) for i in arrays}
+        self.kv = None if loader is None else _loader(context, builder, sig.args[loader], args[loader])
+
+    @staticmethod
+    def k(x):
         return ir.Constant(_I64, x)
 
-    def fma_cell(self, acc, pw, cell, vrow, masked, v=None):
-        """acc += w[cell] * V[vrow : vrow + W] (one rounding; v: that V slice when already loaded); a masked cell
-        outside first..last leaves acc."""
-        b, W = self.b, _PV_WIDTH
-        a = b.load(acc)
-        f = _fma(b, _splat(b, b.load(b.gep(pw, [cell])), W), self.v.load(vrow, W) if v is None else v, a)
-        if masked:
-            ok = b.and_(b.icmp_signed(">=", cell, self.first), b.icmp_signed("<=", cell, self.last))
-            f = b.select(ok, f, a)
-        b.store(f, acc)
+    def at(self, i, off):
+        return self.b.load(self.b.gep(self.p[i], [off]))
 
-    def over_chunks(self, body):
-        """body(c, masked) for c < n_chunks (>= 1); only the first and last chunks can hold masked cells. Those
-        two are peeled off the loop, so the middle chunks' accumulators stay in registers (a branch inside the
-        loop made LLVM shuffle them through the stack)."""
+    def vstore(self, i, off, v):
         b = self.b
-        body(self.k(0), True)
-        last_chunk = b.sub(self.n_chunks, self.k(1))
-        with cgutils.for_range_slice(b, self.k(1), last_chunk, self.k(1)) as (c, _):
-            body(c, False)
-        with b.if_then(b.icmp_signed(">", last_chunk, self.k(0))):
-            body(last_chunk, True)
+        b.store(v, b.bitcast(b.gep(self.p[i], [off]), v.type.as_pointer()), align=4)
 
-    def over_outputs(self, head_sum, group_sum, hg: int):
-        """For each slice d0 of W output elements and each head g: o[g*vd + d0 :][:W], heads hg at a time by
-        group_sum(d0, [w of each]) -> their outputs, the rest one by one by head_sum(d0, w of g)."""
-        b, W = self.b, _PV_WIDTH
+    def scalar_kv(self, off):
+        return self.b.extract_element(self.kv.load(off, 1), ir.Constant(_I32, 0))
 
-        def put(g, d0, r):
-            po = b.gep(self.po0, [b.add(b.mul(g, self.nvd), d0)])
-            b.store(r, b.bitcast(po, _vec(W).as_pointer()), align=4)
-
-        def pw(g):
-            return b.gep(self.pw0, [b.mul(g, self.wstride)])
-
-        blocks = b.udiv(self.heads, self.k(hg))
-        with cgutils.for_range(b, b.udiv(self.nvd, self.k(W))) as ld:
-            d0 = b.mul(ld.index, self.k(W))
-            with cgutils.for_range(b, blocks) as lb:
-                gs = [b.add(b.mul(lb.index, self.k(hg)), self.k(h)) for h in range(hg)]
-                for g, r in zip(gs, group_sum(d0, [pw(g) for g in gs])):
-                    put(g, d0, r)
-            with cgutils.for_range_slice(b, b.mul(blocks, self.k(hg)), self.heads, self.k(1)) as (g, _):
-                put(g, d0, head_sum(d0, pw(g)))
+    def prefetch(self, offs):
+        """Prefetch (to L1) the cache elements at offs: the rows of cells a few ahead. Decode reads each K/V row
+        once, from memory: the hardware prefetchers do not follow rows 2 KiB apart (1B: 8 KV heads of 64)."""
+        b = self.b
+        i8p = ir.IntType(8).as_pointer()
+        fn = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
+            b.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0")
+        for off in offs:
+            b.call(fn, [self.kv.address(off), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
-def _pv_intrinsic(head_sums):
-    """A P @ V intrinsic (arguments: those of _PV) from head_sums(e, b) -> (head_sum(d0, pw): the 16 outputs of
-    one head for the slice d0 of V, group_sum(d0, pws): those of several heads, their number; see
-    _PV.over_outputs)."""
-    def typer(typingctx, o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads):
-        def codegen(context, builder, sig, args):
-            e = _PV(context, builder, sig, args)
-            e.over_outputs(*head_sums(e, builder))
-            return context.get_dummy_value()
-        if kv_form(v) is None:
+def _qk_typer(body):
+    def typer(typingctx, s, qx, kc, koff, n, hd, nq):
+        if not isinstance(nq, types.IntegerLiteral) or kv_form(kc) is None:
             return None
-        return types.void(o, ooff, w, wstride, v, cbase, n_chunks, stride, first, last, vd, heads), codegen
-    typer.__name__ = typer.__qualname__ = head_sums.__name__
-    typer.__doc__ = head_sums.__doc__
-    return intrinsic(typer)
+
+        def codegen(context, builder, sig, args):
+            body(_Tile(context, builder, sig, args, (0, 1, 3), 2), nq.literal_value, args[4], args[5])
+            return context.get_dummy_value()
+        return types.void(s, qx, kc, koff, types.int64, types.int64, nq), codegen
+    typer.__name__ = typer.__qualname__ = body.__name__
+    typer.__doc__ = body.__doc__
+    return intrinsic(prefer_literal=True)(typer)
 
 
-@_pv_intrinsic
-def pv_sgemm(e, b):
-    """P @ V in tinyBLAS<16, __m512>'s order, for `heads` query heads sharing one KV head and cells in chunks of 16
-    (cell j of the run: lane j % 16, fma over j // 16, then reduce_add of the 16 lanes): o[ooff + g*vd + d] for
-    d < vd (vd % _PV_WIDTH == 0). Head g's weights of chunk c are w[g*wstride + 16c :][:16]; the chunk's 16 V
-    rows start at cbase[c] and follow each other at `stride` (a chunk lies in one KV block). Only cells
-    first..last of the run are visible: the others leave the lanes unchanged (as their weight 0 does in
-    llama.cpp; their V rows may be garbage). Vectorised over d, 16 lane accumulators in registers (in passes of
-    the form's sgemm_lanes lanes over the chunks: the sums do not change); the heads run one after the other
-    over the same slice of V (then in L1)."""
-    per_pass = e.v.sgemm_lanes
-    accs = [cgutils.alloca_once(b, _vec(_PV_WIDTH)) for _ in range(per_pass)]
-
-    def group_sum(d0, pws):
-        # len(pws) heads at once: each V slice is loaded once for all of them (per_pass // heads lanes a pass);
-        # every head's lanes sum the same cells in the same order as head_sum's
-        hg = len(pws)
-        lanes = per_pass // hg
-        xs = [[] for _ in pws]  # per head: the 16 lane sums, in lane order
-        for first_lane in range(0, 16, lanes):
-            for acc in accs:
-                b.store(e.zero, acc)
-
-            def chunk(c, masked):
-                row = b.add(b.load(b.gep(e.pbase, [c])), d0)
-                for li in range(lanes):
-                    lane = first_lane + li
-                    cell = b.add(b.mul(c, e.k(16)), e.k(lane))
-                    vrow = b.add(row, b.mul(e.stride, e.k(lane)))
-                    v = e.v.load(vrow, _PV_WIDTH)
-                    for h, pw in enumerate(pws):
-                        e.fma_cell(accs[h * lanes + li], pw, cell, vrow, masked, v)
-            e.over_chunks(chunk)
-            for h in range(hg):
-                xs[h] += [b.load(accs[h * lanes + li]) for li in range(lanes)]
-        return [_reduce16_list(b, x) for x in xs]
-
-    def head_sum(d0, pw):
-        xs = []  # the 16 lane sums, in lane order
-        for first_lane in range(0, 16, per_pass):  # a pass over the chunks per group of lanes
-            for acc in accs:
-                b.store(e.zero, acc)
-
-            def chunk(c, masked):
-                row = b.add(b.load(b.gep(e.pbase, [c])), d0)
-                for lane, acc in enumerate(accs, first_lane):
-                    cell = b.add(b.mul(c, e.k(16)), e.k(lane))
-                    e.fma_cell(acc, pw, cell, b.add(row, b.mul(e.stride, e.k(lane))), masked)
-            e.over_chunks(chunk)
-            xs += [b.load(acc) for acc in accs]
-        return _reduce16_list(b, xs)
-    return head_sum, group_sum, PV_HEADS
+def _over_cells(e, nn, nhd, body):
+    """body(c, off) for each cell c < n, off its K row (koff, argument 3), after prefetching the row of the cell
+    AHEAD on (4 spots along it)."""
+    b, k = e.b, e.k
+    with cgutils.for_range(b, nn) as lc:
+        c = lc.index
+        ahead = e.at(3, b.add(c, k(AHEAD)))
+        e.prefetch([b.add(ahead, b.udiv(b.mul(nhd, k(i)), k(4))) for i in range(4)])
+        body(c, e.at(3, c))
 
 
-@intrinsic
-def expf_sub(typingctx, w, off, n, m):
-    """w[off + i] = ggml_expf(w[off + i] - m) for i < n - n % _EXP_LANES, _EXP_LANES at a time: ops.ggml_expf's
-    operations on vectors, so each value is the scalar one's bit for bit (the caller does the rest by ggml_expf).
-    The softmax's exponentials: a scalar loop over ggml_expf did not vectorize (1B prefill attention 13% faster)."""
+@_qk_typer
+def qk_cells(e, NQ, nn, nhd):
+    """s[c*NQ + l] = query l . K row c (PARTIALS order) for c < n, l < NQ (a literal); queries row-major in
+    qr[l*hd :][:hd], K rows at koff[c] (a cache in any form). Per query one register of partials over the row:
+    the form for a few queries (a decode row)."""
+    b, P, k = e.b, PARTIALS, e.k
+    zero = ir.Constant(_vec(P), [0.0] * P)
+    main = b.sub(nhd, b.urem(nhd, k(P)))
+    def cell(c, off):
+        accs = [cgutils.alloca_once_value(b, zero) for _ in range(NQ)]
+        with cgutils.for_range_slice(b, k(0), main, k(P)) as (d, _):
+            kv = e.kv.load(b.add(off, d), P)
+            for lq, acc in enumerate(accs):
+                qv = _vload(b, e.p[1], b.add(b.mul(k(lq), nhd), d), P)
+                b.store(_fma(b, qv, kv, b.load(acc)), acc)
+        rs = [cgutils.alloca_once_value(b, x) for x in _hsums(b, [b.load(acc) for acc in accs])]
+        with cgutils.for_range_slice(b, main, nhd, k(1)) as (d, _):
+            kx = e.scalar_kv(b.add(off, d))
+            for lq, r in enumerate(rs):
+                b.store(_fma(b, e.at(1, b.add(b.mul(k(lq), nhd), d)), kx, b.load(r)), r)
+        for lq, r in enumerate(rs):
+            b.store(b.load(r), b.gep(e.p[0], [b.add(b.mul(c, k(NQ)), k(lq))]))
+    _over_cells(e, nn, nhd, cell)
+
+
+@_qk_typer
+def qk_lanes(e, NQ, nn, nhd):
+    """qk_cells' scores (the same bits) with the NQ queries as the lanes: queries transposed in qt[d*NQ + l];
+    per cell PARTIALS registers of NQ lanes, K elements broadcast. The form for many queries (prefill rows)."""
+    b, P, k = e.b, PARTIALS, e.k
+    zero = ir.Constant(_vec(NQ), [0.0] * NQ)
+    main = b.sub(nhd, b.urem(nhd, k(P)))
+    def fma_at(d, off, acc):  # acc += query lanes of element d * K element d
+        qv = _vload(b, e.p[1], b.mul(d, k(NQ)), NQ)
+        b.store(_fma(b, qv, _splat(b, e.scalar_kv(b.add(off, d)), NQ), b.load(acc)), acc)
+
+    def cell(c, off):
+        accs = [cgutils.alloca_once_value(b, zero) for _ in range(P)]
+        with cgutils.for_range_slice(b, k(0), main, k(P)) as (d0, _):
+            for j, acc in enumerate(accs):
+                fma_at(b.add(d0, k(j)), off, acc)
+        r = cgutils.alloca_once_value(b, _halve(b, [b.load(acc) for acc in accs]))
+        with cgutils.for_range_slice(b, main, nhd, k(1)) as (d, _):
+            fma_at(d, off, r)
+        e.vstore(0, b.mul(c, k(NQ)), b.load(r))
+    _over_cells(e, nn, nhd, cell)
+
+
+@intrinsic(prefer_literal=True)
+def pv_tile(typingctx, o, w, vc, voff, n, vd, rng, a, z, nq):
+    """o[l*vd + d] = the sum over cells c < n of w[c*nq + l] * V[voff[c] + d], for lanes l < nq (a literal) and
+    d < vd - vd % PV_WIDTH (the caller sums the rest in the same order): one chain of fmas per output, in cell order from 0, whatever nq. Lane l sums only
+    cells rng[l] <= c <= rng[nq + l] (int64), the others leave it unchanged (their V rows may hold anything);
+    cells a <= c < z are in every lane's range, so that loop has no masks. V: a cache in any form. Up to
+    _PV_ACCS vectors (lanes x value slices) accumulate side by side."""
+    if not isinstance(nq, types.IntegerLiteral) or kv_form(vc) is None:
+        return None
+    NQ = nq.literal_value
+    W = PV_WIDTH
+    QG = min(NQ, _PV_ACCS)  # lanes a pass
+    DV = max(1, _PV_ACCS // QG)  # value slices a pass
+
     def codegen(context, builder, sig, args):
-        b, W = builder, _EXP_LANES
-        pw = _data(context, b, sig.args[0], args[0])
-        off_, nn = (_as_i64(context, b, sig.args[i], args[i]) for i in (1, 2))
-        f = lambda x: ir.Constant(_vec(W), [float(x)] * W)  # noqa: E731
-        mv = _splat(b, args[3], W)
-        with cgutils.for_range(b, b.udiv(nn, ir.Constant(_I64, W))) as lp:
-            at = b.add(off_, b.mul(lp.index, ir.Constant(_I64, W)))
-            ptr = b.bitcast(b.gep(pw, [at]), _vec(W).as_pointer())
-            x = b.fsub(b.load(ptr, align=4), mv)
-            n_ = b.fsub(_fma(b, x, f(ops.EXP_LOG2E), f(ops.EXP_SHIFT)), f(ops.EXP_SHIFT))
-            neg = b.fsub(f(-0.0), n_)
-            bb = _fma(b, neg, f(ops.EXP_LN2_LO), _fma(b, neg, f(ops.EXP_LN2_HI), x))
-            u = b.fmul(bb, bb)
-            j = _fma(b, _fma(b, _fma(b, f(ops.EXP_C5), bb, f(ops.EXP_C4)), u, _fma(b, f(ops.EXP_C3), bb, f(ops.EXP_C2))),
-                     u, _fma(b, f(ops.EXP_C1), bb, f(1.0)))
-            nc = b.select(b.fcmp_ordered(">", n_, f(-192.0)), n_, f(-192.0))
-            nc = b.select(b.fcmp_ordered("<", nc, f(192.0)), nc, f(192.0))
-            i64 = _vec(W, _I64)
-            bits = b.shl(b.add(b.fptosi(nc, i64), ir.Constant(i64, [1023] * W)), ir.Constant(i64, [52] * W))
-            r = b.fptrunc(b.fmul(b.fpext(j, _vec(W, ir.DoubleType())), b.bitcast(bits, _vec(W, ir.DoubleType()))),
-                          _vec(W))
-            r = b.select(b.fcmp_ordered(">", n_, f(192.0)), f(math.inf), r)
-            r = b.select(b.fcmp_ordered("<", n_, f(-192.0)), f(0.0), r)
-            b.store(b.select(b.fcmp_unordered("uno", n_, n_), n_, r), ptr, align=4)
+        e = _Tile(context, builder, sig, args, (0, 1, 3, 6), 2)
+        b, k = e.b, e.k
+        nn, nvd, a_, z_ = args[4], args[5], args[7], args[8]
+        zero = ir.Constant(_vec(W), [0.0] * W)
+
+        def one_pass(d0, lanes, dv):
+            accs = [[cgutils.alloca_once_value(b, zero) for _ in range(dv)] for _ in lanes]
+            bounds = [(e.at(6, k(lq)), e.at(6, k(NQ + lq))) for lq in lanes]
+
+            def cells(lo, hi, masked):
+                with cgutils.for_range_slice(b, lo, hi, k(1)) as (c, _):
+                    row = b.add(e.at(3, c), d0)
+                    if not masked:
+                        ahead = b.add(e.at(3, b.add(c, k(AHEAD))), d0)
+                        e.prefetch([b.add(ahead, k(W * i)) for i in range(dv)])
+                    vv = [e.kv.load(b.add(row, k(W * i)), W) for i in range(dv)]
+                    for lq, lane_accs, (first, last) in zip(lanes, accs, bounds):
+                        wv = _splat(b, e.at(1, b.add(b.mul(c, k(NQ)), k(lq))), W)
+                        ok = b.and_(b.icmp_signed(">=", c, first), b.icmp_signed("<=", c, last)) if masked else None
+                        for acc, v in zip(lane_accs, vv):
+                            x = b.load(acc)
+                            f = _fma(b, wv, v, x)
+                            b.store(b.select(ok, f, x) if masked else f, acc)
+            cells(k(0), a_, True)
+            cells(a_, z_, False)
+            cells(z_, nn, True)
+            for lq, lane_accs in zip(lanes, accs):
+                for i, acc in enumerate(lane_accs):
+                    e.vstore(0, b.add(b.mul(k(lq), nvd), b.add(d0, k(W * i))), b.load(acc))
+
+        step = W * DV
+        whole = b.sub(nvd, b.urem(nvd, k(W)))  # the caller does the rest
+        main = b.sub(whole, b.urem(whole, k(step)))
+        with cgutils.for_range_slice(b, k(0), main, k(step)) as (d0, _):
+            for g0 in range(0, NQ, QG):
+                one_pass(d0, range(g0, g0 + QG), DV)
+        with cgutils.for_range_slice(b, main, whole, k(W)) as (d0, _):
+            for g0 in range(0, NQ, QG):
+                one_pass(d0, range(g0, g0 + QG), 1)
         return context.get_dummy_value()
-    return types.void(w, off, n, types.float32), codegen
+    i64 = types.int64
+    return types.void(o, w, vc, voff, i64, i64, rng, i64, i64, nq), codegen
+
+
+def _expf(b, x):
+    """ops.ggml_expf of each lane of the float vector x: its operations on vectors, each value the scalar one's bit
+    for bit."""
+    W = x.type.count
+
+    def f(v):
+        return ir.Constant(_vec(W), [float(v)] * W)
+    n_ = b.fsub(_fma(b, x, f(ops.EXP_LOG2E), f(ops.EXP_SHIFT)), f(ops.EXP_SHIFT))
+    neg = b.fsub(f(-0.0), n_)
+    bb = _fma(b, neg, f(ops.EXP_LN2_LO), _fma(b, neg, f(ops.EXP_LN2_HI), x))
+    u = b.fmul(bb, bb)
+    j = _fma(b, _fma(b, _fma(b, f(ops.EXP_C5), bb, f(ops.EXP_C4)), u, _fma(b, f(ops.EXP_C3), bb, f(ops.EXP_C2))),
+             u, _fma(b, f(ops.EXP_C1), bb, f(1.0)))
+    nc = b.select(b.fcmp_ordered(">", n_, f(-192.0)), n_, f(-192.0))
+    nc = b.select(b.fcmp_ordered("<", nc, f(192.0)), nc, f(192.0))
+    i64 = _vec(W, _I64)
+    bits = b.shl(b.add(b.fptosi(nc, i64), ir.Constant(i64, [1023] * W)), ir.Constant(i64, [52] * W))
+    r = b.fptrunc(b.fmul(b.fpext(j, _vec(W, ir.DoubleType())), b.bitcast(bits, _vec(W, ir.DoubleType()))), _vec(W))
+    r = b.select(b.fcmp_ordered(">", n_, f(192.0)), f(math.inf), r)
+    r = b.select(b.fcmp_ordered("<", n_, f(-192.0)), f(0.0), r)
+    return b.select(b.fcmp_unordered("uno", n_, n_), n_, r)
+
+
+def _rows_codegen(body, nq):
+    """The codegen of an intrinsic over a job's score tile s (argument 0: n rows of nq lanes, n argument 1) from
+    body(e, NQ, n, args)."""
+    def codegen(context, builder, sig, args):
+        arrays = [i for i, t in enumerate(sig.args) if isinstance(t, types.Array)]
+        body(_Tile(context, builder, sig, args, arrays, None), nq.literal_value, args[1], args)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _row_loop(e, NQ, nn, fn):
+    """fn(c, pointer to row c as <NQ x float>*) for each row c < n of the tile s (argument 0)."""
+    b = e.b
+    with cgutils.for_range(b, nn) as lc:
+        ptr = b.bitcast(b.gep(e.p[0], [b.mul(lc.index, e.k(NQ))]), _vec(NQ).as_pointer())
+        fn(lc.index, ptr)
+
+
+def _lane_vec(e, i, NQ, off=0, ty=_F32):
+    """Lanes off .. off + NQ - 1 of array argument i as one vector."""
+    b = e.b
+    return b.load(b.bitcast(b.gep(e.p[i], [e.k(off)]), _vec(NQ, ty).as_pointer()), align=ty.width // 8 if
+                  isinstance(ty, ir.IntType) else 4)
+
+
+@intrinsic(prefer_literal=True)
+def scores_max(typingctx, s, n, rng, scale, m, nq):
+    """Each score of the tile s (n rows of nq lanes, nq a literal) times scale, then -inf where lane l does not see
+    row c (outside rng[l] .. rng[nq + l]); m[l] = the largest per lane (NaN never wins; -inf if none)."""
+    if not isinstance(nq, types.IntegerLiteral):
+        return None
+    return (types.void(s, types.int64, rng, types.float32, m, nq), _rows_codegen(_scores_max, nq))
+
+
+def _scores_max(e, NQ, nn, args):
+    b = e.b
+    sc = _splat(b, args[3], NQ)
+    first, last = _lane_vec(e, 2, NQ, 0, _I64), _lane_vec(e, 2, NQ, NQ, _I64)
+    ninf = ir.Constant(_vec(NQ), [-math.inf] * NQ)
+    mx = cgutils.alloca_once_value(b, ninf)
+
+    def row(c, ptr):
+        x = b.fmul(b.load(ptr, align=4), sc)
+        cv = _splat(b, c, NQ)
+        seen = b.and_(b.icmp_signed(">=", cv, first), b.icmp_signed("<=", cv, last))
+        x = b.select(seen, x, ninf)
+        b.store(x, ptr, align=4)
+        m = b.load(mx)
+        b.store(b.select(b.fcmp_ordered(">", x, m), x, m), mx)
+    _row_loop(e, NQ, nn, row)
+    b.store(b.load(mx), b.bitcast(e.p[4], _vec(NQ).as_pointer()), align=4)
+
+
+@intrinsic(prefer_literal=True)
+def exp_sum(typingctx, s, n, m, total, nq):
+    """The tile s (n rows of nq lanes) = ggml_expf(s - m[l]) per lane; total[l] (float64) = their sum in row order
+    from 0."""
+    if not isinstance(nq, types.IntegerLiteral):
+        return None
+    return types.void(s, types.int64, m, total, nq), _rows_codegen(_exp_sum, nq)
+
+
+def _exp_sum(e, NQ, nn, args):
+    b = e.b
+    mv = _lane_vec(e, 2, NQ)
+    tot = cgutils.alloca_once_value(b, ir.Constant(_vec(NQ, ir.DoubleType()), [0.0] * NQ))
+
+    def row(c, ptr):
+        x = _expf(b, b.fsub(b.load(ptr, align=4), mv))
+        b.store(x, ptr, align=4)
+        b.store(b.fadd(b.load(tot), b.fpext(x, _vec(NQ, ir.DoubleType()))), tot)
+    _row_loop(e, NQ, nn, row)
+    b.store(b.load(tot), b.bitcast(e.p[3], _vec(NQ, ir.DoubleType()).as_pointer()), align=8)
+
+
+@intrinsic(prefer_literal=True)
+def scale_rows(typingctx, s, n, inv, nq):
+    """The tile s (n rows of nq lanes): s[c*nq + l] *= inv[l]."""
+    if not isinstance(nq, types.IntegerLiteral):
+        return None
+    return types.void(s, types.int64, inv, nq), _rows_codegen(_scale_rows, nq)
+
+
+def _scale_rows(e, NQ, nn, args):
+    b = e.b
+    iv = _lane_vec(e, 2, NQ)
+    _row_loop(e, NQ, nn, lambda c, ptr: b.store(b.fmul(b.load(ptr, align=4), iv), ptr, align=4))
 
 
 # --- the kernel: the IR sums where they apply, the same sums in plain Numba elsewhere ----------------------------
@@ -436,140 +490,178 @@ def _kv_at(c, i):
 
 
 @jit
-def _tree16(a, o):
-    """_mm512_reduce_add_ps (GCC) of the 16 floats a[o:o+16]: halves added lane-wise 16 -> 8 -> 4 -> 2 -> 1."""
-    t0 = a[o + 0] + a[o + 8]
-    t1 = a[o + 1] + a[o + 9]
-    t2 = a[o + 2] + a[o + 10]
-    t3 = a[o + 3] + a[o + 11]
-    t4 = a[o + 4] + a[o + 12]
-    t5 = a[o + 5] + a[o + 13]
-    t6 = a[o + 6] + a[o + 14]
-    t7 = a[o + 7] + a[o + 15]
-    u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
-    return (u0 + u2) + (u1 + u3)
+def attention_jobs(positions, row_seq, KVH, group):
+    """The jobs of a call, (n, 6) int64: first row t0, rows nr, KV head kh, first head g0 (of the KV head's group),
+    heads ng, work (cells x query vectors). A job takes up to NQ_MAX query vectors (nr rows x ng heads) that share
+    their K/V cells: consecutive rows of one sequence at consecutive positions, heads of one KV head."""
+    T = len(positions)
+    ng = min(group, NQ_MAX)
+    rows_max = max(1, NQ_MAX // ng)
+    tiles = np.empty((T, 2), np.int64)
+    nt = 0
+    t = 0
+    while t < T:
+        nr = 1
+        while (nr < rows_max and t + nr < T and row_seq[t + nr] == row_seq[t]
+               and positions[t + nr] == positions[t + nr - 1] + 1):
+            nr += 1
+        tiles[nt, 0] = t
+        tiles[nt, 1] = nr
+        nt += 1
+        t += nr
+    nhg = -(-group // ng)
+    jobs = np.empty((nt * KVH * nhg, 6), np.int64)
+    j = 0
+    for kh in range(KVH):  # a KV head's jobs follow each other: its K/V rows stay in cache between them
+        for hg in range(nhg):
+            g0 = hg * ng
+            for i in range(nt):
+                t0, nr = tiles[i, 0], tiles[i, 1]
+                cells = positions[t0 + nr - 1] + 1  # an upper bound (a window shortens it)
+                jobs[j, 0] = t0
+                jobs[j, 1] = nr
+                jobs[j, 2] = kh
+                jobs[j, 3] = g0
+                jobs[j, 4] = min(ng, group - g0)
+                jobs[j, 5] = (cells + 16) * nr * jobs[j, 4]
+                j += 1
+    return jobs
 
 
 @jit
-def _pv_lanes(o, ooff, w, base, v, bt, bs, row_stride, voff, lo, pos, vd, acc, lanes):
-    # P @ V (the plain-Numba twin of pv_sgemm for shapes it does not take): cell p in lane p % 16, fma over
-    # p // 16, then the 16 lanes reduced; w[p - base]: weights; V row of cell p at (bt[p // bs] * bs + p % bs) *
-    # row_stride + voff. acc: (16, vd) scratch
-    acc[:] = 0.0
-    for p in range(lo, pos + 1):
-        a = acc[p % 16]
-        wp = w[p - base]
-        vo = (bt[p // bs] * bs + p % bs) * row_stride + voff
-        for d in range(vd):
-            a[d] = fma32(wp, kv_at(v, vo + d), a[d])
-    for d in range(vd):
-        for j in range(16):
-            lanes[j] = acc[j, d]
-        o[ooff + d] = _tree16(lanes, 0)
+def _visible_from(pos, window):
+    # the first cell a row at pos sees
+    return pos - window + 1 if window > 0 and pos - window + 1 > 0 else 0
 
 
-@jit(inline="always")
-def _score(s, m, at, g, x, scale, softcap, inv_cap):
-    # one KQ value: scaled, soft-capped, stored at s[at], folded into head g's max
-    x = x * scale  # ggml_soft_max_ext's scale (Gemma 3 scales q instead: the same for a power of 2)
-    if softcap > 0:  # ggml_scale(1/cap), ggml_tanh (tanhf), ggml_scale(cap)
-        x = np.float32(math.tanh(x * inv_cap)) * softcap
-    s[at] = x
-    if x > m[g]:
-        m[g] = x
-
-
-@jit  # no fastmath: every float operation below is one of llama.cpp's, in its order
+@jit  # no fastmath: every float operation below is fixed, per score and per output (batch invariance)
 def _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
-                     job_lo, job_hi, s):
+                     jobs, job_lo, job_hi, s):
     # flat C-order views: out (T*H*vd,) of (T, H, vd); q (T*H*hd,) of (T, H, hd); kc, vc of the caches
     # (NB, BS, KVH, hd) / (NB, BS, KVH, vd) in any form (module doc; q8_0: flat (qs, d) pairs); dims = (H, KVH,
-    # hd, vd, BS). positions, row_seq: (T,); block_tables: (S, MB); sinks: (H,) float32 per-head sink
-    # logits or (0,) for none; s: (group * S,) float32 scratch of
-    # this worker, S >= max_ctx + 128. Jobs [job_lo, job_hi) of the T * KVH (row, KV head) pairs; each does the
-    # `group` query heads of its KV head (K and V rows are read once for all of them). KV cells go in chunks of
-    # 16 (llama.cpp's softmax and sgemm lanes): s[g * S + j] holds head g's value for cell base + j, base a
-    # multiple of 16. Every row sums in the same order, whatever else is in the call (batch invariance).
+    # hd, vd, BS). positions, row_seq: (T,); block_tables: (S, MB); sinks: (H,) float32 per-head sink logits or
+    # (0,) for none; jobs: attention_jobs' rows, this call does [job_lo, job_hi); s: (NQ_MAX * C,) float32
+    # scratch of this worker, C >= the cells of any job. A job's nq query vectors are the lanes of its (cells, nq)
+    # score tile s: scores (qk_cells / qk_lanes), then scale, soft-cap, the mask, the softmax per lane, then P V (pv_tile).
+    # Every value a row gets is computed by the same operations in the same order whatever shares its job, the
+    # call or its sequence's chunking: a score is one fma chain over d, a softmax sum one float64 chain over the
+    # cells in order (cells a row does not see add exact zeros), an output one fma chain over its cells.
     H, KVH, hd, vd, BS = dims
     group = H // KVH
-    S = len(s) // group
-    hd_main = hd - hd % 64
-    g_quads = group - group % 4 if hd_main == hd else 0  # heads whose KQ dots go 4 at a time (vdot4: no leftovers)
-    cbase = np.empty(S // 16 + 1, np.int64)  # per chunk: V offset of its first cell
-    m = np.empty(group, np.float32)
-    vacc = np.empty((16, vd), np.float32)
-    lanes = np.empty(16, np.float32)
+    cap = len(s) // NQ_MAX  # >= cells + AHEAD
+    koff = np.empty(cap, np.int64)  # per cell of the job: its K row, V row
+    voff = np.empty(cap, np.int64)
+    qx = np.empty(hd * NQ_MAX, np.float32)  # the job's queries: (nq, hd) rows or (hd, nq) transposed
+    o = np.empty(NQ_MAX * vd, np.float32)  # (nq, vd)
+    rng = np.empty(2 * NQ_MAX, np.int64)  # per lane: first, last visible cell (job-relative)
+    lane_t = np.empty(NQ_MAX, np.int64)
+    lane_h = np.empty(NQ_MAX, np.int64)
+    m = np.empty(NQ_MAX, np.float32)
+    total = np.empty(NQ_MAX, np.float64)
+    inv = np.empty(NQ_MAX, np.float32)
+    sink = np.empty(NQ_MAX, np.float32)
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
+    vd_main = vd - vd % PV_WIDTH
     for job in range(job_lo, job_hi):
-        t = job // KVH
-        kh = job % KVH
-        pos = positions[t]
-        bt = block_tables[row_seq[t]]
-        lo = 0
-        if window > 0 and pos - window + 1 > 0:
-            lo = pos - window + 1
-        base = lo - lo % 16  # cells are handled in chunks of 16 from a multiple of 16 on
-        n16 = pos // 16 - base // 16 + 1  # chunks of 16 cells from base
-        # KQ = ggml_vec_dot_f32 per visible cell: 4 x 16 lanes (element i in lane i % 64, fma over i // 64),
-        # (s0 + s2) + (s1 + s3), reduce_add; the hd % 64 leftovers by scalar fma. Walked block by block.
-        m[:] = -np.inf
-        for b in range(lo // BS, pos // BS + 1):
-            row0 = bt[b] * BS - b * BS  # cache row of cell p: row0 + p
-            for p in range(max(lo, b * BS), min(pos, b * BS + BS - 1) + 1):
-                koff = ((row0 + p) * KVH + kh) * hd
-                for g4 in range(0, g_quads, 4):  # heads 4 at a time: vdot4, the same dots
-                    xs = vdot4(q, (t * H + kh * group + g4) * hd, hd, kc, koff, hd_main)
-                    for j in range(4):
-                        _score(s, m, (g4 + j) * S + p - base, g4 + j, xs[j], scale, softcap, inv_cap)
-                for g in range(g_quads, group):
-                    qoff = (t * H + kh * group + g) * hd
-                    x = vdot(q, qoff, kc, koff, hd_main)
-                    for i in range(hd_main, hd):
-                        x = fma32(q[qoff + i], kv_at(kc, koff + i), x)
-                    _score(s, m, g * S + p - base, g, x, scale, softcap, inv_cap)
-        # softmax (ggml_compute_forward_soft_max_f32): e = ggml_v_expf(x - max), 0 for masked cells; per chunk a
-        # reduce_add, summed in double; then every e times (float)(1.0 / sum). A sink (gpt-oss) joins the max and
-        # adds expf(sink - max) (libm) to the sum: a logit with no value
-        for g in range(group):
-            w = s[g * S:(g + 1) * S]
-            if len(sinks):
-                m[g] = max(m[g], sinks[kh * group + g])
-            mg, s0, n = m[g], lo - base, pos - lo + 1  # the visible cells: w[s0 : s0 + n]
-            expf_sub(w, s0, n, mg)  # _EXP_LANES at a time, then the rest
-            for j in range(s0 + n - n % _EXP_LANES, s0 + n):
-                w[j] = ggml_expf(w[j] - mg)
-            w[:s0] = 0.0
-            w[s0 + n:16 * n16] = 0.0
-            total = 0.0
-            for c in range(n16):
-                total += np.float64(_tree16(w, 16 * c))
-            if len(sinks):
-                total += np.float64(np.float32(math.exp(sinks[kh * group + g] - m[g])))
-            inv = np.float32(1.0 / total)
-            for j in range(16 * n16):
-                w[j] = w[j] * inv
-        # KQV over the KV cells in tinyBLAS sgemm's order (16 lanes: cell p in lane p % 16, fma over p // 16,
-        # reduce_add) for every row: llama.cpp sums a one-token batch in ggml_vec_dot_f32's order instead (4 x 16
-        # lanes), which costs twice the time here and made a row's K/V depend on whether it was a generated
-        # token. Cells outside [lo, pos] have weight 0 and leave the lanes unchanged: skipped.
-        ooff = (t * H + kh * group) * vd
-        if BS % 16 == 0 and vd % _PV_WIDTH == 0:  # the IR kernels: 16-cell chunks in one block
-            for c in range(n16):
-                p = base + 16 * c
-                if p > pos or p + 15 < lo:  # no visible cell (masked lanes): any 16 rows of a block in use
-                    p = pos - pos % 16
-                cbase[c] = ((bt[p // BS] * BS + p % BS) * KVH + kh) * vd
-            pv_sgemm(out, ooff, s, S, vc, cbase, n16, KVH * vd, lo - base, pos - base, vd, group)
+        t0, nr, kh, g0, ng = jobs[job, 0], jobs[job, 1], jobs[job, 2], jobs[job, 3], jobs[job, 4]
+        nq = nr * ng
+        NQ = 4 if nq <= 4 else 8 if nq <= 8 else 16
+        bt = block_tables[row_seq[t0]]
+        c_lo = _visible_from(positions[t0], window)
+        n = positions[t0 + nr - 1] - c_lo + 1
+        c = 0
+        while c < n:  # the cells' K and V rows, a block at a time
+            p = c_lo + c
+            run = min(BS - p % BS, n - c)
+            row = (bt[p // BS] * BS + p % BS) * KVH + kh
+            for i in range(run):
+                koff[c + i] = (row + i * KVH) * hd
+                voff[c + i] = (row + i * KVH) * vd
+            c += run
+        a, z = 0, n  # the cells every lane sees: [a, z)
+        for lane in range(NQ):
+            li = lane if lane < nq else 0  # lanes past nq repeat lane 0 (their results are dropped)
+            t = t0 + li // ng
+            h = kh * group + g0 + li % ng
+            lane_t[lane], lane_h[lane] = t, h
+            rng[lane] = _visible_from(positions[t], window) - c_lo
+            rng[NQ + lane] = positions[t] - c_lo
+            a = max(a, rng[lane])
+            z = min(z, rng[NQ + lane] + 1)
+            sink[lane] = sinks[h] if len(sinks) else -np.inf
+            qo = (t * H + h) * hd
+            if NQ == 4:  # rows for qk_cells, else transposed for qk_lanes
+                for d in range(hd):
+                    qx[lane * hd + d] = q[qo + d]
+            else:
+                for d in range(hd):
+                    qx[d * NQ + lane] = q[qo + d]
+        if a >= z:
+            a, z = n, n
+        # KQ (PARTIALS order), then (ggml's steps) scale, soft-cap (ggml_scale(1/cap), ggml_tanh (tanhf),
+        # ggml_scale(cap)), the mask, each lane's max
+        if NQ == 4:
+            qk_cells(s, qx, kc, koff, n, hd, 4)
+        elif NQ == 8:
+            qk_lanes(s, qx, kc, koff, n, hd, 8)
         else:
-            for g in range(group):
-                _pv_lanes(out, ooff + g * vd, s[g * S:(g + 1) * S], base, vc, bt, BS, KVH * vd, kh * vd, lo, pos,
-                          vd, vacc, lanes)
+            qk_lanes(s, qx, kc, koff, n, hd, 16)
+        x_scale = scale
+        if softcap > 0:
+            for i in range(n * NQ):
+                s[i] = np.float32(math.tanh(s[i] * scale * inv_cap)) * softcap
+            x_scale = np.float32(1.0)  # (x * 1 is x)
+        # softmax per lane: e = ggml_expf(x - max) (0 for masked cells); the sum in float64 over the cells in order,
+        # then every e times (float)(1.0 / sum). A sink (gpt-oss) joins the max and adds expf(sink - max) (libm) to
+        # the sum: a logit with no value
+        if NQ == 4:
+            scores_max(s, n, rng, x_scale, m, 4)
+        elif NQ == 8:
+            scores_max(s, n, rng, x_scale, m, 8)
+        else:
+            scores_max(s, n, rng, x_scale, m, 16)
+        if len(sinks):
+            for lane in range(NQ):
+                m[lane] = max(m[lane], sink[lane])
+        if NQ == 4:
+            exp_sum(s, n, m, total, 4)
+        elif NQ == 8:
+            exp_sum(s, n, m, total, 8)
+        else:
+            exp_sum(s, n, m, total, 16)
+        for lane in range(NQ):
+            if len(sinks):
+                total[lane] += np.float64(np.float32(math.exp(sink[lane] - m[lane])))
+            inv[lane] = np.float32(1.0 / total[lane])
+        if NQ == 4:
+            scale_rows(s, n, inv, 4)
+        elif NQ == 8:
+            scale_rows(s, n, inv, 8)
+        else:
+            scale_rows(s, n, inv, 16)
+        # P V: per output one fma chain over the lane's visible cells, in order
+        if NQ == 4:
+            pv_tile(o, s, vc, voff, n, vd, rng, a, z, 4)
+        elif NQ == 8:
+            pv_tile(o, s, vc, voff, n, vd, rng, a, z, 8)
+        else:
+            pv_tile(o, s, vc, voff, n, vd, rng, a, z, 16)
+        for lane in range(NQ):  # value elements past the vectors (vd % PV_WIDTH): the same chains, scalar
+            for d in range(vd_main, vd):
+                acc = np.float32(0.0)
+                for c in range(rng[lane], rng[NQ + lane] + 1):
+                    acc = fma32(s[c * NQ + lane], kv_at(vc, voff[c] + d), acc)
+                o[lane * vd + d] = acc
+        for lane in range(nq):
+            oo = (lane_t[lane] * H + lane_h[lane]) * vd
+            for d in range(vd):
+                out[oo + d] = o[lane * vd + d]
 
 
 @parallel_jit
 def _paged_attention_split(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
-                           bounds, scratch):
+                           jobs, bounds, scratch):
     # _paged_attention over the job chunks [bounds[c], bounds[c+1]) in parallel; scratch (chunks, S)
     for c in numba.prange(len(bounds) - 1):
         _paged_attention(out, q, kc, vc, dims, positions, row_seq, block_tables, window, scale, softcap, sinks,
-                         bounds[c], bounds[c + 1], scratch[c])
+                         jobs, bounds[c], bounds[c + 1], scratch[c])

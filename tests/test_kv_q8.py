@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from test_kernels_attention_ops import assert_ggml_order
+from test_kernels_attention_ops import assert_close_to_ggml
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.engine import Engine
@@ -75,17 +75,17 @@ def _paged_q8(k, v, bs, rng):
 @pytest.mark.parametrize("H,KVH,hd,window,softcap,bs", [(4, 1, 256, 0, 0.0, 16), (4, 2, 96, 5, 0.0, 16),
                                                         (8, 2, 64, 7, 50.0, 16), (2, 2, 32, 0, 30.0, 4)])
 @pytest.mark.parametrize("P", [1, 17, 70])
-def test_q8_attention_is_ggml_order_on_the_dequantized_cache(H, KVH, hd, window, softcap, bs, P):
-    """Bit for bit llama.cpp's float operations (tests/ggml_ref.py) on the values d * q the cache holds: prefill
-    and decode rows, GQA, sliding window, soft-cap, a head size with a 32-value tail (96), the plain-Numba path
-    (block size 4)."""
+def test_q8_attention_is_close_to_ggml_on_the_dequantized_cache(H, KVH, hd, window, softcap, bs, P):
+    """Within rounding of llama.cpp's float operations (tests/ggml_ref.py) on the values d * q the cache holds:
+    prefill and decode rows (the decode row's bits the chunk's), GQA, sliding window, soft-cap, a head size with
+    a tail past the vector partials (96), blocks of 4 cells."""
     rng = np.random.default_rng(P * 7 + H + hd)
     k = rng.normal(size=(P, KVH, hd)).astype(np.float32)
     v = rng.normal(size=(P, KVH, hd)).astype(np.float32)
     q = (rng.normal(size=(P, H, hd)) * 3).astype(np.float32)
     kc, vc, bt, kd, vd = _paged_q8(k, v, bs, rng)
     kw = dict(window=window, scale=hd ** -0.5, softcap=softcap)
-    got = assert_ggml_order(q, kc, vc, bt, kd, vd, **kw)  # the decode step's rows
+    got = assert_close_to_ggml(q, kc, vc, bt, kd, vd, **kw)  # the decode step's rows
     # and within q8_0's error of attention over the float K/V
     np.testing.assert_allclose(got, attention_reference(q[-1:], k, v, [P - 1], **kw), atol=0.05)
 
