@@ -160,7 +160,7 @@ PARTIALS = 16
 NQ_MAX = 16 if _native_width() == 16 else 4
 # P V: value elements a vector, and accumulators (vectors) side by side: enough fma chains to hide the latency
 PV_WIDTH = 16 if _native_width() == 16 else 8
-_PV_ACCS = 16 if _native_width() != 8 else 8
+_PV_ACCS = 16 if _native_width() == 16 else 8  # AVX2: 8 ymm; NEON: 8 x 2 q registers
 AHEAD = 8  # cells: how far ahead the tiles prefetch K / V rows (koff / voff need AHEAD spare entries)
 
 
