@@ -1,5 +1,7 @@
 """The browser pages of `edgellm serve` (issue: a page to chat and to watch the engine), driven in headless
-Chromium (Debian's `chromium`, which .ci/run installs) through Playwright with its executable_path.
+Chromium (Debian's `chromium`, which .ci/run installs) through Playwright with its executable_path, or, when
+EDGELLM_TEST_BROWSER_CDP names one, a Chromium already running with remote debugging (.ci/arm: Chromium aborts under
+qemu-user, so the aarch64 run drives the host's browser; the server and the pages under test run on aarch64).
 
 Every request a page makes is checked: anything not to the loopback server fails the test. Screenshots go to
 tests/artifacts/webui/."""
@@ -31,10 +33,15 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 def browser():
     from playwright.sync_api import sync_playwright
 
-    exe = shutil.which("chromium") or "/usr/bin/chromium"
-    assert os.path.exists(exe), "headless Chromium is needed: apt-get install chromium (.ci/run does)"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    cdp = os.environ.get("EDGELLM_TEST_BROWSER_CDP")
     with sync_playwright() as p:
+        if cdp:  # a browser started elsewhere (its contexts are ours; it is not closed here)
+            b = p.chromium.connect_over_cdp(cdp, timeout=scaled(60) * 1000)
+            yield b
+            return
+        exe = shutil.which("chromium") or "/usr/bin/chromium"
+        assert os.path.exists(exe), "headless Chromium is needed: apt-get install chromium (.ci/run does)"
         b = p.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
