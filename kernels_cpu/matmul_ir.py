@@ -493,21 +493,23 @@ SLICED: set[int] = set()
 # formats, whose body keeps one slice's registers at a time in its run loop (a 32-block body holding both
 # slices' constants spills on AVX2: IQ4_NL)
 SHARED: set[int] = set()
-# Formats whose int16-activation body keeps LOOP_ROWS activation rows per pass on 8-lane slices (AVX2): its pair
-# loop holds one widened weight vector next to the rows' sums (Q8_0, matmul_q._looped_sums), so 8 rows fit the 16
-# ymm registers and each weight vector is widened once for 8 rows instead of once per 4
-WIDE_PASS: set[int] = set()
-LOOP_ROWS = 8
+# FMT -> joint(views, mb): the int16-activation AVX2 body of both 8-row slices of the group in one pass (views: one
+# Emit view per slice, each with its own acc), for JOINT_ROWS activation rows a pass from JOINT_MIN_ROWS rows on:
+# each activation pair is broadcast once for the 16 weight rows instead of once per slice (Q8_0's pair loop:
+# matmul_q._joint_sums)
+JOINT: dict[int, Callable[[list, int], None]] = {}
+JOINT_ROWS = 4
+JOINT_MIN_ROWS = 2
 
 
-def register(*fmts: int, sliced: bool = False, shared: bool = False, wide_pass: bool = False):
-    """Decorator: register an IR body for the given QuantType ids (see BODIES, SLICED, SHARED, WIDE_PASS)."""
+def register(*fmts: int, sliced: bool = False, shared: bool = False, joint: Callable | None = None):
+    """Decorator: register an IR body for the given QuantType ids (see BODIES, SLICED, SHARED, JOINT)."""
 
     def deco(fn):
         for f in fmts:
             BODIES[int(f)] = fn
-            if wide_pass:
-                WIDE_PASS.add(int(f))
+            if joint is not None:
+                JOINT[int(f)] = joint
             if sliced:
                 SLICED.add(int(f))
             if sliced and shared:
@@ -539,8 +541,10 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
     e = Emit(builder, ptrs, offs, xdtype, w, feats)
     zero = ir.Constant(V(F32, w), [0.0] * w)
     step_rows = max_rows(feats)
-    if fmt in WIDE_PASS and xdtype == "int16" and w == 8 and "neon" not in feats:
-        step_rows = LOOP_ROWS
+    int16_avx2 = xdtype == "int16" and w == 8 and "neon" not in feats
+    joint = JOINT.get(fmt) if int16_avx2 and nrows >= JOINT_MIN_ROWS else None
+    if joint is not None:
+        step_rows = JOINT_ROWS
     lanes = list(range(0, R, w))
     lay = LAYOUTS[fmt]  # the block's bytes in qs and sc (static per format: the prefetches are straight-line code)
     ahead = -(-PREFETCH_BYTES // lay.qbytes)  # blocks
@@ -549,7 +553,8 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
     # slices of a SHARED format share one pass while they fit the row budget (AVX2, 1-2 rows): each block's
     # weight lines are then read whole, once (two passes over a large matrix each took half of every line:
     # forced AVX2, 2048x8192 at 1 row: Q4_K 0.47 -> 0.27 ms, Q6_K 1.1-1.6 -> 0.68, IQ4_XS 0.64 -> 0.42)
-    shared = len(lanes) > 1 and "neon" not in feats and fmt in SHARED and nrows * len(lanes) <= step_rows
+    shared = len(lanes) > 1 and "neon" not in feats and (
+        joint is not None or (fmt in SHARED and nrows * len(lanes) <= step_rows))
     for pass_lanes in ([lanes] if shared else [[lane] for lane in lanes]):
         for row0 in range(0, nrows, step_rows):
             n = min(step_rows, nrows - row0)
@@ -557,13 +562,15 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
 
             def step(b, accs, parts=parts, n=n):
                 e.prefetch_ahead(b, ahead, qlines, slines, qb, sb)
-                out = []
-                for j, part in enumerate(parts):
-                    view = part.block(b, qb, sb, xe)
+                views = [part.block(b, qb, sb, xe) for part in parts]
+                for j, view in enumerate(views):
                     view.acc = list(accs[j * n:(j + 1) * n])
-                    emit(view, n)
-                    out += view.acc
-                return out
+                if joint is not None:
+                    joint(views, n)
+                else:
+                    for view in views:
+                        emit(view, n)
+                return [a for view in views for a in view.acc]
 
             outs = e.loop(nblocks, step, [zero] * (n * len(parts)))
             for j, lane0 in enumerate(pass_lanes):

@@ -109,31 +109,33 @@ def _s8_chunk(max_code: int) -> int:
     return c
 
 
-def _looped_sums(e: Emit, mb: int) -> list:
-    """Exact block sums sum(w * xq) per row (<W x i32>) of Q8_0 with int16 activations, the 16 pair vectors as an IR
-    loop: one widened weight vector is live at a time next to the mb row sums (unrolled, LLVM hoisted all 16
-    widenings and spilled them: forced AVX2, 8 rows, 584 instructions with 93 stack accesses per block of an 8-row
-    slice -> 16 x 37 with none). Same integer sums as _signed_sums, hence the same outputs."""
+def _joint_sums(views: list, mb: int) -> None:
+    """Q8_0 with int16 activations on AVX2, both 8-row slices of the group in one pass (matmul_ir.JOINT): the 16
+    pairs as an IR loop whose step widens each slice's pair vector once and multiplies it by the mb rows' pair
+    broadcasts, each loaded once for both slices (the slice-by-slice pass loaded it twice and spent an address
+    add per row and pair). Same integer sums as _signed_sums, hence the same outputs. Unrolled (_signed_sums over
+    16 pairs per slice), LLVM hoisted all 16 widenings and spilled at 4+ rows; one row keeps that form."""
+    e = views[0]
+
     def step(p, sums):
-        w16 = e.s16(e.wvec(e.lin(p, 32)))
-        return [e.madd(sums[i], w16, i, e.lin(p, 2)) for i in range(mb)]
-    return e.loop(16, step, [e.zeros_i32()] * mb)
+        out = []
+        for j, v in enumerate(views):
+            w16 = v.s16(v.wvec(v.lin(p, 32)))
+            out += [v.madd(sums[j * mb + i], w16, i, v.lin(p, 2)) for i in range(mb)]
+        return out
+
+    sums = e.loop(16, step, [e.zeros_i32()] * (mb * len(views)))
+    for j, v in enumerate(views):
+        _finish32(v, mb, sums[j * mb:(j + 1) * mb], False)
 
 
-# rows from which the x86 int16 form of Q8_0 loops over its pairs (fewer rows: unrolled, no spills either way)
-LOOP_MIN_ROWS = 4
-
-
-@register(Q.Q8_0, wide_pass=True, sliced=Q.Q8_0 in QUAD_32)
+@register(Q.Q8_0, sliced=Q.Q8_0 in QUAD_32, joint=None if Q.Q8_0 in QUAD_32 else _joint_sums)
 def _q8_0(e: Emit, mb: int) -> None:
     if Q.Q8_0 in QUAD_32 and e.x_s8 and not e.neon:
         # quads of codes + 128 x int8 activations: vpdpbusd (its widening form at a width without it; vpmaddubsw's
         # int16 pairs would saturate on codes up to 255), minus 128 * the activation sum
         sums = quad_sums(e, mb, q8_quads, lambda e_, t, pp: e_.c32(1), 8, 8, runs=1, fm=FORMS["vnni"])
         _finish32(e, mb, _minus_offset(e, mb, sums, 128), False)
-        return
-    if not (e.x_s8 or e.neon) and e.w == 8 and mb >= LOOP_MIN_ROWS:
-        _finish32(e, mb, _looped_sums(e, mb), False)
         return
     pairs = [e.wvec(32 * p) for p in range(16)]
     if e.x_s8:  # int8 activations (NEON): signed weights as they are

@@ -168,9 +168,11 @@ def test_decode_kernel_instructions(isa, qt):
 
 @x86_only
 def test_avx2_q8_0_many_rows_pass_without_spills():
-    """Q8_0 with int16 activations on AVX2 takes 8 activation rows per pass as a loop over the 16 pairs (one widened
-    weight vector live next to the 8 row sums): its pair loop holds one vpmaddwd per row and no vector spill. The
-    unrolled form (every mb) hoisted all 16 widenings and spilled ~90 vectors per block at 8 rows."""
+    """Q8_0 with int16 activations on AVX2 takes both 8-row slices of a group in one pass of 4 activation rows, as a
+    loop over the 16 pairs (matmul_q._joint_sums): each step widens the two slices' pair vectors once and loads each
+    row's pair broadcast once for both (8 vpmaddwd, 2 vpmovsxbw, 4 vpbroadcastd), with no spill. The slice-by-slice
+    passes loaded every broadcast twice with an address add each (36 instructions a step for 128 products; now 25);
+    unrolled, LLVM hoisted all 16 widenings and spilled ~90 vectors per block."""
     if not runnable("avx2"):
         pytest.skip("this CPU cannot run avx2")
     r = subprocess.run([sys.executable, "-c", ASM_PROBE.replace("(1, k)", "(8, k)").replace("(1, 16)", "(8, 16)"),
@@ -180,12 +182,14 @@ def test_avx2_q8_0_many_rows_pass_without_spills():
     labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^(\.LBB\S+):", l))}
     loops = [lines[labels[m.group(1)]:i + 1] for i, l in enumerate(lines)
              if (m := re.match(X86_JUMP, l)) and labels.get(m.group(1), i) < i]
-    # the 8-row pass's pair loop: a loop with no other block inside, one vpmaddwd per row
-    eight = [b for b in loops if count(b, r"\bvpmaddwd\b") == 8 and count(b[1:], r"^\.LBB") == 0]
-    assert eight, "no loop with one vpmaddwd per row of an 8-row pass"
-    for body in eight:
-        assert count(body, r"\bvpmovsxbw\b") == 1  # one widening per pair for the 8 rows
-        assert count(body, r"%ymm\d+.*\(%rsp\)|\(%rsp\).*%ymm\d+") == 0, "vector spills in the pair loop"
+    # the pair loops: loops with no other block inside that multiply (LLVM unrolls the 2-row pass's twice)
+    inner = [b for b in loops if count(b, r"\bvpmaddwd\b") and count(b[1:], r"^\.LBB") == 0]
+    assert inner, "no pair loop"
+    for body in inner:
+        assert count(body, r"%ymm\d+.*\(%rsp\)|\(%rsp\).*%ymm\d+") == 0, "vector spills in a pair loop"
+    # the 4-row pass: one vpmaddwd per row and slice, one widening per slice, one broadcast per row
+    four = [(count(b, r"\bvpmaddwd\b"), count(b, r"\bvpmovsxbw\b"), count(b, r"\bvpbroadcastd\b")) for b in inner]
+    assert (8, 2, 4) in four, f"no 4-row joint pair loop (vpmaddwd, vpmovsxbw, vpbroadcastd per loop: {four})"
 
 
 # -- AArch64 NEON ------------------------------------------------------------------------------------------------
