@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,12 +302,26 @@ def _stacks(child) -> str:
     """What a silent chat process was doing: SIGABRT makes faulthandler (PYTHONFAULTHANDLER) print every thread's
     Python stack to the terminal. (Seen once in CI, not reproduced since: Ctrl-C stopped the answer's output
     and the status line never came within 90 s.)"""
+    report = []
+    for task in sorted(Path(f"/proc/{child.pid}/task").glob("*")):  # each thread's name and signal state
+        try:
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        report.append(f"{task.name} {status['Name'].strip()}: " + ", ".join(
+            f"{k} {status[k].strip()}" for k in ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt") if k in status))
+    if shutil.which("gdb"):  # the native stacks (the OpenMP team's threads are no Python threads)
+        try:
+            report.append(subprocess.run(["gdb", "-p", str(child.pid), "-batch", "-ex", "thread apply all bt 25"],
+                                         capture_output=True, text=True, timeout=scaled(60)).stdout[-30000:])
+        except subprocess.TimeoutExpired:
+            report.append("gdb timed out")
     child.kill(signal.SIGABRT)
     try:
         child.expect(pexpect.EOF, timeout=scaled(30))
     except pexpect.TIMEOUT:
         pass
-    return child.before[-20000:]
+    return "\n".join(report) + "\n" + child.before[-20000:]
 
 
 @pytest.mark.slow
