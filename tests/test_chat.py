@@ -262,7 +262,8 @@ def test_chat_in_a_terminal(chat_env):
     # the interrupt landed; now it runs for ~40 s
     child = pexpect.spawn(_chat_cmd()[0], _chat_cmd()[1:] + COMMON + ["--max-tokens", "6", "--system", SYSTEM,
                                                                       "--speculative", "off", "--ctx-size", "4096"],
-                          env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=scaled(90), dimensions=(40, 200))
+                          env=chat_env, cwd=str(REPO), encoding="utf-8", timeout=scaled(90), dimensions=(40, 200),
+                          preexec_fn=_sigint_default)
     try:
         child.expect_exact(">>> ")
         child.sendline("Hi")
@@ -298,10 +299,17 @@ def test_chat_in_a_terminal(chat_env):
     assert child.exitstatus == 0, child.before
 
 
+def _sigint_default() -> None:
+    """In the child before exec: Ctrl-C as a terminal's foreground program gets it. A suite started as a background
+    job of a non-interactive shell (`bash .ci/run &`) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the chat never saw the Ctrl-C and went on answering (the failure report showed
+    SIGINT missing from every thread's caught signals)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stacks(child) -> str:
     """What a silent chat process was doing: SIGABRT makes faulthandler (PYTHONFAULTHANDLER) print every thread's
-    Python stack to the terminal. (Seen once in CI, not reproduced since: Ctrl-C stopped the answer's output
-    and the status line never came within 90 s.)"""
+    Python stack to the terminal."""
     report = []
     for task in sorted(Path(f"/proc/{child.pid}/task").glob("*")):  # each thread's name and signal state
         try:
