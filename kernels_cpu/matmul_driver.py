@@ -15,10 +15,11 @@ import numba
 import numpy as np
 
 # matmul_iq / _k / _q register the IR bodies; the others generate parts of them (see _source_tag)
-from . import matmul_iq, matmul_ir, matmul_k, matmul_kquad, matmul_neon, matmul_q, repack
+from . import ir_emit, matmul_iq, matmul_ir, matmul_k, matmul_kquad, matmul_neon, matmul_q, repack
 from ._jit import host_features, jit
 from .ops import bits_to_f32, f16_round, f32_to_bits
-from .matmul_ir import R, max_rows, qdot
+from .ir_emit import R, max_rows
+from .matmul_ir import qdot
 
 MB = 8  # activation rows per kernel call (at most)
 MT = 64  # activation rows per L2 tile
@@ -83,7 +84,7 @@ def _source_tag() -> str:
     """Hash of the modules that generate the kernels' IR. Numba keys a cached closure by its cell values,
     so editing those modules recompiles the drivers (the cache index alone only tracks this file)."""
     h = hashlib.sha256()
-    for mod in (matmul_ir, matmul_q, matmul_k, matmul_kquad, matmul_iq, matmul_neon, repack):
+    for mod in (ir_emit, matmul_ir, matmul_q, matmul_k, matmul_kquad, matmul_iq, matmul_neon, repack):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 

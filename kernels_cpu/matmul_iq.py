@@ -30,7 +30,8 @@ from llvmlite import ir
 from quant.iquants import KV_IQ4NL, KV_MXFP4
 from quant.types import QuantType as Q
 
-from .matmul_ir import F32, I8, I16, I32, Emit, V, register
+from .ir_emit import F32, I8, I16, I32, Emit, V
+from .matmul_ir import register
 from .matmul_neon import sdot
 
 RUN_BYTES = 256  # nibble bytes of one run of 32 elements for the 16 rows

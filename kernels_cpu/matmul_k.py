@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import I16, I32, Emit, V, register
+from .ir_emit import I16, I32, Emit, V
+from .matmul_ir import register
 from .matmul_kquad import q2_k_quads, q3_k_quads, q4_k_quads, q5_k_quads, q6_k_quads, quad_sums
 from .matmul_neon import s8_sums
 from .repack import QUAD_K

@@ -29,7 +29,7 @@ from llvmlite import ir
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import I8, I16, I32, Emit, V
+from .ir_emit import I8, I16, I32, Emit, V
 from .repack import LAYOUTS
 
 NIB_RUN = 256  # nibq bytes of one run of 32 elements for the 16 rows (the bitq / crumbq bytes follow them)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from .matmul_ir import I8, I16, I32, Emit, V
+from .ir_emit import I8, I16, I32, Emit, V
 
 
 def _idx(idx) -> ir.Constant:

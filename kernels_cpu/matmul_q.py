@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from quant.types import QuantType as Q
 
-from .matmul_ir import F16, F32, I16, I32, Emit, R, V, register
+from .ir_emit import F16, F32, I16, I32, Emit, R, V
+from .matmul_ir import register
 from .matmul_kquad import FORMS, nib_quads, q5_k_quads, q8_quads, quad_sums
 from .matmul_neon import s8_sums
 from .repack import LAYOUTS, QUAD_32
