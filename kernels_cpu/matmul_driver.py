@@ -7,7 +7,6 @@ is computed by the same instruction sequence whatever M is, so results are batch
 from __future__ import annotations
 
 import hashlib
-import math
 import types
 from pathlib import Path
 
