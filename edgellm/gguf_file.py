@@ -10,6 +10,7 @@ import math
 import mmap
 import os
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,7 +208,12 @@ class GGUFFile:
     data: np.memmap  # (file_size,) uint8, read-only: the (first) file
     shard_paths: tuple[str, ...] = ()
     shard_data: tuple[np.memmap, ...] = ()
-    _fds: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    # shard -> file descriptor of the pread path, opened on first use and closed when this object is collected
+    # (init=False: dataclasses.replace gives a copy descriptors of its own, never a share of these)
+    _fds: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        weakref.finalize(self, _close_fds, self._fds)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -249,7 +255,10 @@ class GGUFFile:
     def _fd(self, shard: int = 0) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            opened = os.open(self.paths[shard], os.O_RDONLY)
+            fd = self._fds.setdefault(shard, opened)  # two threads racing here: one descriptor kept
+            if fd != opened:
+                os.close(opened)
         return fd
 
     def tensor_bytes(self, name: str) -> np.ndarray:
@@ -258,6 +267,12 @@ class GGUFFile:
         data = self._file(t)[1]
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
         return data[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
+
+
+def _close_fds(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
 
 
 class _NeedMore(Exception):

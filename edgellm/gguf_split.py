@@ -101,7 +101,7 @@ def join_split(first, read_one: Callable[[str], Any]):
                         f"shards hold {len(tensors)} tensors")
     meta = {k: v for k, v in first.metadata.items() if not k.startswith("split.")}  # as gguf-split --merge
     return dataclasses.replace(first, metadata=meta, tensors=tensors, shard_paths=tuple(paths),
-                               shard_data=tuple(g.data for g in shards), _fds={})
+                               shard_data=tuple(g.data for g in shards))
 
 
 def _sibling_paths(path: str, no: int, count: int) -> list[str]:
