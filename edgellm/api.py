@@ -207,6 +207,14 @@ class LLM:
         self.loop.shutdown()
         self.engine.close()
 
+    def __enter__(self) -> "LLM":
+        """``with LLM(...) as llm:`` shuts the engine down when the block ends (the engine thread otherwise keeps
+        the model, its file map included, alive until shutdown() is called)."""
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     # -- generation -----------------------------------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None, *, priority: int = 0,
                listener: Listener | None = None) -> RequestHandle:

@@ -16,7 +16,6 @@ import threading
 import time
 
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 

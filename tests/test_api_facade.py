@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.errors import ContextOverflowError, InvalidRequestError
+from edgellm.errors import ContextOverflowError, EngineStoppedError, InvalidRequestError
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
@@ -82,3 +82,18 @@ def test_async_bridge(llm):
 
     pieces, out = asyncio.run(run())
     assert "".join(pieces) == want.text and out.token_ids == want.token_ids
+
+
+def test_with_block_shuts_the_engine_down(tiny_model):
+    """`with LLM(...) as llm:` generates inside the block and stops the engine at its end, an error in the block
+    included (as llama-cpp-python's Llama closes in a with block)."""
+    with LLM(tiny_model("llama"), ctx_size=64, kv_cache_tokens=128, progress=False) as llm:
+        assert llm.error is None
+        assert len(llm.generate([1, 5, 9], GREEDY).token_ids) == 6
+    assert isinstance(llm.error, EngineStoppedError)
+    with pytest.raises(EngineStoppedError):
+        llm.generate([1, 5, 9], GREEDY)
+    with pytest.raises(KeyError):
+        with LLM(tiny_model("llama"), ctx_size=64, kv_cache_tokens=128, progress=False) as other:
+            raise KeyError("in the block")
+    assert isinstance(other.error, EngineStoppedError)
