@@ -7,7 +7,8 @@ import ggml_ref
 import numpy as np
 import pytest
 
-from kernels_cpu.attention import attention_reference, paged_attention
+from kernels_cpu.attention import attention_plan, attention_reference, paged_attention
+from kernels_cpu.parallel import get_threads
 from kernels_cpu.ops import GELU_F16, apply_rope, geglu, rmsnorm, rope_tables, swiglu
 
 
@@ -205,6 +206,34 @@ def test_softmax_exponentials_are_ggml_expf():
     for row in want:
         acc = acc + row.astype(np.float64)
     np.testing.assert_array_equal(total, acc)
+
+
+@pytest.mark.parametrize("T,P,split", [(1, 300, True), (1, 5, False), (12, 40, True)])  # decode rows, prefill rows
+def test_one_plan_serves_every_layer_alike(T, P, split):
+    """A forward validates and splits its rows once (attention_plan) and every layer attends with that plan: the
+    same bits as a call that plans for itself, whatever the layer's queries and caches; a plan for other shapes is
+    refused."""
+    rng = np.random.default_rng(T + P)
+    H, KVH, hd = 8, 2, 64
+    pos = np.arange(P - T, P)
+    seq = np.zeros(T, np.int64)
+    layers = [_paged(*(rng.normal(size=(P, KVH, hd)).astype(np.float32) for _ in range(2)), 16,
+                     np.random.default_rng(0)) for _ in range(3)]  # same block table, other K/V
+    bt = layers[0][2]
+    plan = attention_plan(pos, seq, bt, layers[0][0].shape, H, hd)
+    assert plan.threads == (min(get_threads(), len(plan.jobs)) if split else 1)
+    for kc, vc, _ in layers:
+        q = rng.normal(size=(T, H, hd)).astype(np.float32)
+        for window in (0, 7):
+            want = paged_attention(q, kc, vc, pos, seq, bt, window=window, scale=0.125)
+            got = paged_attention(q, kc, vc, pos, seq, bt, window=window, scale=0.125, plan=plan)
+            np.testing.assert_array_equal(got, want)
+    kc, vc, _ = layers[0]
+    with pytest.raises(ValueError, match="attention plan made for"):
+        paged_attention(rng.normal(size=(T, 2 * H, hd)).astype(np.float32), kc, vc, pos, seq, bt, scale=0.1,
+                        plan=plan)
+    with pytest.raises(ValueError, match="position beyond the block table"):
+        attention_plan(pos + 16 * bt.shape[1], seq, bt, kc.shape, H, hd)
 
 
 def test_attention_rejects_bad_block_table():

@@ -8,7 +8,7 @@ import numpy as np
 from edgellm.loader import LoadedModel
 from kernels_cpu import matmul, matmul_many
 from kernels_cpu.ops import softcap
-from kernels_cpu.attention import paged_attention
+from kernels_cpu.attention import AttentionPlan, attention_plan, paged_attention
 from quant.formats import dequantize
 
 
@@ -30,6 +30,7 @@ class ForwardBatch:
     logit_rows: np.ndarray
     slot_tables: np.ndarray | None = None
     _slots: dict = field(default_factory=dict, repr=False, compare=False)  # id(tables) -> (tables, slots)
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)  # (id(tables), shapes) -> (tables, plan)
 
     def slots(self, tables: np.ndarray, block_size: int) -> np.ndarray:
         """(T,) flat KV slots (block * block_size + offset) of the rows in `tables` (block_tables or
@@ -38,6 +39,16 @@ class ForwardBatch:
         if hit is None or hit[0] is not tables:
             s = tables[self.row_seq, self.positions // block_size] * block_size + self.positions % block_size
             hit = self._slots[id(tables)] = (tables, s)
+        return hit[1]
+
+    def attention_plan(self, tables: np.ndarray, kshape: tuple, n_heads: int, vd: int) -> AttentionPlan:
+        """The rows' attention plan (kernels_cpu.attention.attention_plan) over `tables` for a cache of shape
+        kshape: validated and split once per forward, not once per layer."""
+        key = (id(tables), tuple(kshape), n_heads, vd)
+        hit = self._plans.get(key)
+        if hit is None or hit[0] is not tables:
+            hit = self._plans[key] = (tables, attention_plan(self.positions, self.row_seq, tables, kshape,
+                                                             n_heads, vd))
         return hit[1]
 
     @classmethod
@@ -91,8 +102,9 @@ def attend(kv, layer: int, q, k, v, batch: ForwardBatch, *, window: int, scale: 
     kc, vc = kv.layer(layer)
     tables = kv.tables(layer, batch)  # (S, MB) block ids, or slots for a trimmed sliding-window layer
     kv.write(layer, batch.slots(tables, kc.shape[1]), k, v)
+    plan = batch.attention_plan(tables, kc.shape, q.shape[1], vc.shape[3])
     out = paged_attention(q, kc, vc, batch.positions, batch.row_seq, tables,
-                          window=window, scale=scale, softcap=softcap, sinks=sinks)
+                          window=window, scale=scale, softcap=softcap, sinks=sinks, plan=plan)
     return out.reshape(len(q), -1)
 
 
