@@ -2,8 +2,13 @@
 
     python benchmarks/vs_llamacpp.py [--model GGUF] [-p 512] [-n 128] [--threads 2] [--repetitions 3]
 
-Each repetition runs one fresh process per engine, alternating (edgellm, llama.cpp, edgellm, ...), so machine
-noise hits both alike; prints the medians of pp/tg tokens/s and peak RSS, and the ratios edgellm / llama.cpp.
+Each engine runs in its own long-lived process that loads the model once; after one untimed warm-up measurement
+each, the repetitions alternate between them, in ABBA order (edgellm, llama.cpp, llama.cpp, edgellm, ...), each
+measurement as `edgellm bench -r 1` / llama-bench take it (pp: a fresh prompt; tg: greedy steps from an empty
+context). On a VM whose memory bandwidth drifts by a third from one minute to the next, one fresh process per
+measurement (this script before) put one engine's runs in a fast minute and the other's in a slow one; paired
+back-to-back runs see the same host. Prints the medians of pp/tg tokens/s and peak RSS, their ratios edgellm /
+llama.cpp, and the median of each round's own ratio ("paired").
 Also the decode bound: the weight bytes one decode step reads (every matrix; the token embedding only when it
 is also the output head) over this host's read bandwidth with that many threads, measured here, and each
 engine's tg as a share of it. Needs the `bench` extra (llama-cpp-python).
@@ -15,6 +20,20 @@ import json
 import statistics
 import subprocess
 import sys
+import time
+
+PAUSE_S = 0.5  # between two measurements
+
+# Each engine runs in one long-lived worker process: it loads the model once, then answers "run" lines with one
+# measurement (pp: a fresh p-token prompt; tg: n greedy single-token steps from an empty context) as a JSON line.
+WORKER_LOOP = r"""
+for line in sys.stdin:
+    if line.strip() != "run":
+        break
+    out = measure()
+    out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out), flush=True)
+"""
 
 LLAMA_CPP_CHILD = r"""
 import json, resource, sys, time
@@ -25,37 +44,66 @@ llm = llama_cpp.Llama(model, n_ctx=max(p, n) + 16, n_batch=max(p, n) + 16, n_uba
                       n_threads_batch=threads, verbose=False)
 rng = np.random.default_rng(0)
 vocab = llm.n_vocab()
-out = {}
-if p:
-    toks = rng.integers(0, vocab, p).tolist()
-    llm.reset(); t = time.perf_counter(); llm.eval(toks); out["pp_tps"] = p / (time.perf_counter() - t)
-if n:
-    llm.reset(); tok = int(rng.integers(0, vocab)); t = time.perf_counter()
-    for i in range(n):
-        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    out["tg_tps"] = n / (time.perf_counter() - t)
-out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(out))
-"""
+
+def measure():
+    out = {}
+    if p:
+        toks = rng.integers(0, vocab, p).tolist()
+        llm.reset(); t = time.perf_counter(); llm.eval(toks); out["pp_tps"] = p / (time.perf_counter() - t)
+    if n:
+        llm.reset(); tok = int(rng.integers(0, vocab)); t = time.perf_counter()
+        for i in range(n):
+            llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out["tg_tps"] = n / (time.perf_counter() - t)
+    return out
+""" + WORKER_LOOP
+
+EDGELLM_CHILD = r"""
+import json, resource, sys
+from edgellm import LLM
+from edgellm.bench import bench
+model, p, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = LLM(model or None, threads=threads, ctx_size=max(p, n) + 16, load_tokenizer=False, progress=False)
+
+def measure():  # as `edgellm bench -r 1`
+    r = bench(llm, n_prompt=p, n_gen=n, repetitions=1)
+    return {k: v for k, v in (("pp_tps", r.pp_tps), ("tg_tps", r.tg_tps)) if v is not None}
+""" + WORKER_LOOP
 
 
-def run_edgellm(model, p, n, threads) -> dict:
-    cmd = [sys.executable, "-m", "edgellm.cli", "bench", "-p", str(p), "-n", str(n), "-r", "1",
-           "--threads", str(threads), "--json"] + (["--model", model] if model else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    return json.loads(out)
+class Worker:
+    """One engine's long-lived benchmark process (see WORKER_LOOP)."""
 
+    def __init__(self, name: str, child: str, model: str, p: int, n: int, threads: int):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-c", child, model or "", str(p), str(n), str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
 
-def run_llamacpp(model, p, n, threads) -> dict:
-    proc = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, model, str(p), str(n), str(threads)],
-                          capture_output=True, text=True)
-    if proc.returncode < 0:  # killed by a signal: seen with llama.cpp's AMX kernels on VMs that report AMX
-        sys.exit(f"llama.cpp died with signal {-proc.returncode}. If this CPU reports AMX, rebuild without it: "
-                 "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF' "
-                 "pip install --force-reinstall --no-cache-dir llama-cpp-python")
-    if proc.returncode:
-        sys.exit(f"llama.cpp benchmark failed:\n{proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    def run(self) -> dict:
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        line = self.proc.stdout.readline()
+        if not line:
+            self._died()
+        return json.loads(line)
+
+    def _died(self):
+        rc = self.proc.wait()
+        err = self.proc.stderr.read().strip()[-2000:]
+        if self.name == "llama.cpp" and rc < 0:  # seen with llama.cpp's AMX kernels on VMs that report AMX
+            sys.exit(f"llama.cpp died with signal {-rc}. If this CPU reports AMX, rebuild without it: "
+                     "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF' "
+                     "pip install --force-reinstall --no-cache-dir llama-cpp-python")
+        sys.exit(f"{self.name} benchmark failed (exit {rc}):\n{err}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
 
 
 READ_BW_CHILD = r"""
@@ -145,13 +193,22 @@ def main() -> None:
         from edgellm.model_path import resolve_model
 
         a.model = resolve_model(None)
+    workers = [Worker("edgellm", EDGELLM_CHILD, a.model, a.p, a.n, a.threads),
+               Worker("llama.cpp", LLAMA_CPP_CHILD, a.model, a.p, a.n, a.threads)]
     runs = {"edgellm": [], "llama.cpp": []}
-    for r in range(a.repetitions):
-        for name, fn in (("edgellm", run_edgellm), ("llama.cpp", run_llamacpp)):
-            res = fn(a.model, a.p, a.n, a.threads)
-            runs[name].append(res)
-            print(f"rep {r + 1} {name:9s} " + " ".join(f"{k}={v:.1f}" for k, v in res.items()
-                                                       if k in ("pp_tps", "tg_tps", "rss_mb")), flush=True)
+    try:
+        for w in workers:  # a first, untimed measurement: both models loaded and warm before the rounds
+            w.run()
+        for r in range(a.repetitions):
+            for w in (workers if r % 2 == 0 else workers[::-1]):  # ABBA: a drift in the host's speed hits both
+                time.sleep(PAUSE_S)  # the other engine's spinning threads settle
+                res = w.run()
+                runs[w.name].append(res)
+                print(f"rep {r + 1} {w.name:9s} " + " ".join(f"{k}={v:.1f}" for k, v in res.items()
+                                                             if k in ("pp_tps", "tg_tps", "rss_mb")), flush=True)
+    finally:
+        for w in workers:
+            w.close()
     med = {name: {k: statistics.median(x[k] for x in rs) for k in ("pp_tps", "tg_tps", "rss_mb")}
            for name, rs in runs.items()}
     print(f"\nmodel {a.model}, threads {a.threads}, {a.repetitions} repetitions (medians)")
@@ -161,12 +218,16 @@ def main() -> None:
     e, l = med["edgellm"], med["llama.cpp"]
     print(f"{'ratio':10s} {e['pp_tps'] / l['pp_tps']:12.2f} {e['tg_tps'] / l['tg_tps']:12.2f} "
           f"{e['rss_mb'] / l['rss_mb']:13.2f}")
+    paired = {k: statistics.median(x[k] / y[k] for x, y in zip(runs["edgellm"], runs["llama.cpp"]))
+              for k in ("pp_tps", "tg_tps")}
+    print(f"{'paired':10s} {paired['pp_tps']:12.2f} {paired['tg_tps']:12.2f}   (median of each round's ratio)")
     wbytes, bw = decode_bytes(a.model), read_bandwidth(a.threads)
     bound = bw / wbytes
     print(f"decode bound: {wbytes / 1e6:.0f} MB of weights per token / {bw / 1e9:.1f} GB/s read bandwidth "
           f"({a.threads} threads) = {bound:.1f} t/s; edgellm at {e['tg_tps'] / bound:.0%}, "
           f"llama.cpp at {l['tg_tps'] / bound:.0%}")
     print(json.dumps({"ratio_pp": e["pp_tps"] / l["pp_tps"], "ratio_tg": e["tg_tps"] / l["tg_tps"],
+                      "paired_ratio_pp": paired["pp_tps"], "paired_ratio_tg": paired["tg_tps"],
                       "ratio_rss": e["rss_mb"] / l["rss_mb"], "decode_bound_tps": bound,
                       "weight_bytes_per_token": wbytes, "read_bandwidth": bw, "medians": med}))
 
