@@ -118,7 +118,7 @@ def paged_attention(q: np.ndarray, kcache, vcache, positions: np.ndarray,
         raise ValueError(f"attention shapes disagree: q {q.shape}, k {kcache.shape}, v {vcache.shape}")
     if plan is None:
         plan = attention_plan(positions, row_seq, block_tables, kcache.shape, H, vd)
-    elif plan.key != (T, NB, BS, KVH, H, hd + vd):
+    if plan.key != (T, NB, BS, KVH, H, hd + vd):  # also: a row count that is not q's
         raise ValueError(f"attention plan made for {plan.key}, called with {(T, NB, BS, KVH, H, hd + vd)}")
     sinks = _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
     if sinks.shape not in ((0,), (H,)):

@@ -255,6 +255,11 @@ def test_attention_rejects_bad_block_table():
         paged_attention(q2, kc, kc, np.array([3, -1]), np.array([0, 1]), tables, scale=1.0)
     with pytest.raises(ValueError, match="negative position or row_seq"):
         paged_attention(q2, kc, kc, np.array([3, 5]), np.array([0, 2]), tables, scale=1.0)
+    # one position for two query rows (or two for one): refused, the kernel would read past q / out
+    with pytest.raises(ValueError):
+        paged_attention(q2, kc, kc, np.array([3]), np.array([0]), tables, scale=1.0)
+    with pytest.raises(ValueError):
+        paged_attention(q, kc, kc, np.array([3, 5]), np.array([0, 1]), tables, scale=1.0)
 
 
 def test_rmsnorm():
