@@ -2,13 +2,15 @@
 
     python benchmarks/decode_profile.py [--model GGUF] [--threads 2] [-n 128] [--repetitions 3]
 
-Decodes n greedy single-token steps from an empty context (as `edgellm bench`'s tg) with a timer around each call
-the models make into the kernels (the names they import: matmul / matmul_many with their activation
-quantization, attend = the K/V write + paged attention, and the element-wise ops), and prints per step: the wall
-time, each group's time and call count, and the share outside them (the model's Python between the calls, the
-embedding, sampling); each call's own Python (argument checks, Numba's dispatch) counts inside its group. Issue 14 asks for that share; closing it is what "one compiled call per layer" would buy.
-The timers cost ~0.3 us a call (a few % of a small model's step): compare shares, not the wall time, with
-`edgellm bench`.
+Decodes n greedy single-token steps from an empty context (as `edgellm bench`'s tg) and prints per step:
+- the wall time;
+- compiled: the time inside calls from Python into Numba-compiled code (every CPUDispatcher call, timed at the
+  outermost level, Numba's argument dispatch included) and their number;
+- outside compiled code: the rest, the Python a step runs (models, kernel wrappers, sampling): the share issue 14
+  asks for, which "one compiled call per layer" would remove;
+- per group of what the models call (matmul / matmul_many, attend = K/V write + paged attention, the element-wise
+  ops): time and calls, compiled and Python together.
+The timers add ~0.5 us a call: compare shares, not the wall time, with `edgellm bench`.
 """
 from __future__ import annotations
 
