@@ -177,6 +177,29 @@ class Emit:
         """Sum of quantized activations of row i over its j-th 16-element run of the current block (i32)."""
         return self.load(self.bs, self.elem_off(self.bsoff, self.bsstride, i, j, 4), I32)
 
+    def bsum_pairs(self, i: int, span: int):
+        """Row i's activation sums of the current 256-element block, paired for vpmaddwd: (256 / span) / 2 values,
+        pair p a broadcast <2W x i16> of (sum of sub-block 2p, of sub-block 2p+1)
+        over sub-blocks of `span` (16 or 32) elements. Exact: a sum of <= 32 codes of |c| <= 127 fits int16."""
+        b = self.b
+        v = self.load(self.bs, self.elem_off(self.bsoff, self.bsstride, i, 0, 4), V(I32, 16))  # sums per 16
+        if span == 32:
+            und = ir.Constant(V(I32, 16), ir.Undefined)
+            v = b.add(b.shuffle_vector(v, und, ir.Constant(V(I32, 8), list(range(0, 16, 2)))),
+                      b.shuffle_vector(v, und, ir.Constant(V(I32, 8), list(range(1, 16, 2)))))
+        n = v.type.count
+        d = b.bitcast(b.trunc(v, V(I16, n)), V(I32, n // 2))  # dword p = (sum 2p, sum 2p+1)
+        und = ir.Constant(V(I32, n // 2), ir.Undefined)
+        return [b.bitcast(b.shuffle_vector(d, und, ir.Constant(V(I32, self.w), [p] * self.w)), V(I16, 2 * self.w))
+                for p in range(n // 2)]
+
+    def interleave16(self, a, c):
+        """<W x i32> a, c (lanes that fit int16) -> <2W x i16> with (a[r], c[r]) in dword r: a pmadd operand."""
+        b = self.b
+        h = V(I16, self.w)
+        idx = [x for r in range(self.w) for x in (r, self.w + r)]
+        return b.shuffle_vector(b.trunc(a, h), b.trunc(c, h), ir.Constant(V(I32, 2 * self.w), idx))
+
     # -- vector ops -----------------------------------------------------------------------------------
     def splat(self, v, n: int):
         b = self.b
