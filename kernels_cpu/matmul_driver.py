@@ -24,6 +24,17 @@ MB = 8  # activation rows per kernel call (at most)
 MT = 64  # activation rows per L2 tile
 
 
+ROUND_SHIFT = np.float32(1.5 * 2 ** 23)
+
+
+@jit(inline="always")
+def _rint(v):
+    # np.rint(v) (round half to even) for float32 |v| < 2^22: v + 1.5 * 2^23 rounds v to an integer in the sum's
+    # last place, subtracting the shift is exact. Two adds a lane, where np.rint became one scalar cvtss2si per
+    # element and kept the code loops from vectorising (2-2.3x slower for qb = 32)
+    return (v + ROUND_SHIFT) - ROUND_SHIFT
+
+
 @jit
 def quantize_act(xq, dx, bs, s1, x, qb):
     """Quantize activation rows to int16 codes in -127..127 per block of qb, exactly as llama.cpp's CPU
@@ -53,7 +64,7 @@ def quantize_act(xq, dx, bs, s1, x, qb):
                 inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
                 tot = np.int32(0)
                 for k in range(qb):
-                    c = np.int32(np.rint(xb[k] * inv))
+                    c = np.int32(_rint(xb[k] * inv))  # |x * inv| <= 127
                     cb[k] = c
                     tot += c
                 if s1.shape[1]:
@@ -70,13 +81,13 @@ def quantize_act(xq, dx, bs, s1, x, qb):
                 iscale = np.float32(-127.0) / xb[first]
                 dx[m, blk] = np.float32(1.0) / iscale
                 for k in range(qb):
-                    cb[k] = np.int32(min(np.float32(127.0), np.rint(iscale * xb[k])))
-        for j in range(K // 16):
-            cj = qr[16 * j:16 * j + 16]
+                    cb[k] = np.int32(min(np.float32(127.0), _rint(iscale * xb[k])))  # |.| <= 127
+        br = bs[m]
+        for j in range(K // 16):  # (indexing the row: a slice per 16 codes cost a reference count each)
             s = np.int32(0)
             for k in range(16):
-                s += np.int32(cj[k])
-            bs[m, j] = s
+                s += np.int32(qr[16 * j + k])
+            br[j] = s
 
 
 def _source_tag() -> str:

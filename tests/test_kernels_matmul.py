@@ -15,7 +15,7 @@ import pytest
 
 from kernels_cpu import _jit, get_rows, matmul, matmul_many, prepare_weight
 from kernels_cpu.matmul import _S8_WEIGHTS, _prepare_x, split_min_macs
-from kernels_cpu.matmul_driver import make_driver
+from kernels_cpu.matmul_driver import make_driver, quantize_act
 from kernels_cpu.repack import LAYOUTS
 from quant.formats import dequantize
 from quant.types import FORMATS
@@ -69,6 +69,33 @@ def act_twin(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
             q = np.where(amax > 0, np.minimum(np.float32(127), np.rint(iscale * xb)), 0)
     x_hat = (q.astype(np.float64) * d.astype(np.float64)).reshape(M, K)
     return x_hat, np.abs(np.broadcast_to(d, xb.shape)).reshape(M, K).astype(np.float64)
+
+
+@pytest.mark.parametrize("qb, dtype", [(32, np.int8), (32, np.int16), (256, np.int8), (256, np.int16)])
+def test_quantize_act_codes_round_half_to_even(qb, dtype):
+    """quantize_act's codes and sums of 16 are the twin's (np.rint: ties to even, as llama.cpp's x86
+    quantize_row_q8_0 (_mm256_round_ps) and quantize_row_q8_K (nearest_int)), on blocks whose scaled values land
+    exactly on ties, and zero blocks."""
+    rng = np.random.default_rng(qb)
+    M, K = 3, 512
+    x = np.clip(rng.standard_normal((M, K)) * 30, -100, 100).astype(np.float32)
+    ties = np.float32([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 125.5, -126.5])
+    x[:, 0], x[:, 1:9] = -127, ties  # block 0: amax 127 (qb 32: inv = 1; qb 256: iscale = -127/-127 = 1)
+    x[1, K - qb:] = 0
+    xq, dx = np.empty((M, K), dtype), np.empty((M, K // qb), np.float32)
+    bs = np.empty((M, K // 16), np.int32)
+    quantize_act(xq, dx, bs, np.zeros((M, 0), np.float32), x, qb)
+    xb = x.reshape(M, K // qb, qb)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if qb == 32:
+            scaled = xb * np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        else:
+            scaled = xb * (np.float32(-127) / np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1))
+    assert np.all(scaled[:, 0, 1:9] == ties)  # the ties reach the rounding as ties
+    q = np.where(amax > 0, np.minimum(np.float32(127), np.rint(scaled)), 0)
+    np.testing.assert_array_equal(xq, q.reshape(M, K))
+    np.testing.assert_array_equal(bs, q.reshape(M, K // 16, 16).sum(-1))
 
 
 def q8_1_sum_twin(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
