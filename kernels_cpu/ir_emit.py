@@ -178,9 +178,9 @@ class Emit:
         return self.load(self.bs, self.elem_off(self.bsoff, self.bsstride, i, j, 4), I32)
 
     def bsum_pairs(self, i: int, span: int):
-        """Row i's activation sums of the current 256-element block, paired for vpmaddwd: (256 / span) / 2 values,
-        pair p a broadcast <2W x i16> of (sum of sub-block 2p, of sub-block 2p+1)
-        over sub-blocks of `span` (16 or 32) elements. Exact: a sum of <= 32 codes of |c| <= 127 fits int16."""
+        """Row i's activation sums over the sub-blocks of `span` (16 or 32) elements of the current 256-element
+        block, paired for vpmaddwd: 128 / span vectors, pair p a broadcast <2W x i16> of (sum of sub-block 2p, sum of
+        sub-block 2p+1). Exact: a sum of <= 32 codes of |c| <= 127 fits int16."""
         b = self.b
         v = self.load(self.bs, self.elem_off(self.bsoff, self.bsstride, i, 0, 4), V(I32, 16))  # sums per 16
         if span == 32:
