@@ -251,6 +251,55 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, neox: bool) -
     return x
 
 
+@jit
+def _qk_norm_rope(q, k, cos, sin, wq, wk, eps, norm, rope, neox):
+    # q (T, H, hd), k (T, KVH, hd) in place, head by head: (norm) rmsnorm by wq / wk as _rmsnorm, then (rope) the
+    # rotation of the first 2 * half dims as _apply_rope; cos, sin: (T, half). The float operations of the
+    # separate ops in their order: bit-identical to them
+    half = cos.shape[1]
+    for x, w in ((q, wq), (k, wk)):
+        T, H, hd = x.shape
+        for t in range(T):
+            for h in range(H):
+                row = x[t, h]
+                if norm:
+                    scale = _inv_rms(row, eps)
+                    for d in range(hd):
+                        row[d] = row[d] * scale * w[d]
+                if rope:
+                    for i in range(half):
+                        i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                        c, s = cos[t, i], sin[t, i]
+                        x0, x1 = row[i0], row[i1]
+                        row[i0] = fma32(x0, c, -(x1 * s))
+                        row[i1] = fma32(x0, s, x1 * c)
+
+
+def qk_norm_rope(q: np.ndarray, k: np.ndarray, q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float,
+                 tables: tuple | None, *, neox: bool) -> None:
+    """The per-head steps between the Q/K projections and attention, in one call, in place: rmsnorm of each head
+    of q (T, H, hd) and k (T, KVH, hd) by q_norm / k_norm (hd,) (QK-norm; both None: none), then RoPE of each
+    head's first 2 * half dims by tables = (cos, sin) (T, half) (None: none; half < hd / 2: partial rotary).
+    q and k: C-contiguous float32 (the projections' fresh outputs). Bit-identical to rmsnorm then apply_rope."""
+    for x in (q, k):
+        if x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim != 3 or len(x) != len(q):
+            raise ValueError(f"qk_norm_rope: q, k must be C-contiguous float32 (T, heads, hd), got {x.dtype} {x.shape}")
+    hd = q.shape[2]
+    norm = q_norm is not None
+    wq = np.ascontiguousarray(q_norm, dtype=np.float32) if norm else _NO_NORM
+    wk = np.ascontiguousarray(k_norm, dtype=np.float32) if norm else _NO_NORM
+    if norm and (k.shape[2] != hd or wq.shape != (hd,) or wk.shape != (hd,)):
+        raise ValueError(f"qk_norm_rope: norm weights {wq.shape} / {wk.shape} for heads of {hd}, {k.shape[2]}")
+    if tables is None:  # (T, 0): no pair turns
+        cos = sin = np.zeros((len(q), 0), np.float32)
+    else:
+        cos, sin = (np.ascontiguousarray(t, dtype=np.float32) for t in tables)
+        if cos.shape != sin.shape or cos.shape[0] != len(q) or 2 * cos.shape[1] > min(hd, k.shape[2]):
+            raise ValueError(f"qk_norm_rope: rope tables {cos.shape} for q {q.shape}, k {k.shape}")
+    if len(q):
+        _by_rows(_qk_norm_rope, q, (k, cos, sin), (wq, wk, np.float32(eps), norm, tables is not None, neox))
+
+
 def _gelu_table() -> np.ndarray:
     """ggml's GELU table: tanh-GELU of every f16 value, rounded to f16, as float32 (65536,).
 
@@ -417,7 +466,15 @@ def _residual_norm_split(h, x, y, w_post, w_next, eps, post, norm_next, bounds):
         _residual_norm(h[lo:hi], x[lo:hi], y[lo:hi], w_post, w_next, eps, post, norm_next)
 
 
-_ROW_SPLITS = {_rmsnorm: _rmsnorm_split, _geglu: _geglu_split, _swiglu: _swiglu_split,
+@parallel_jit
+def _qk_norm_rope_split(q, k, cos, sin, wq, wk, eps, norm, rope, neox, bounds):
+    for c in nb.prange(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        _qk_norm_rope(q[lo:hi], k[lo:hi], cos[lo:hi], sin[lo:hi], wq, wk, eps, norm, rope, neox)
+
+
+_ROW_SPLITS = {_qk_norm_rope: _qk_norm_rope_split, _rmsnorm: _rmsnorm_split, _geglu: _geglu_split,
+               _swiglu: _swiglu_split,
                _swiglu_oai: _swiglu_oai_split, _residual_norm: _residual_norm_split}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from kernels_cpu.attention import attention_plan, attention_reference, paged_attention
 from kernels_cpu.parallel import get_threads
-from kernels_cpu.ops import GELU_F16, apply_rope, geglu, rmsnorm, rope_tables, swiglu
+from kernels_cpu.ops import GELU_F16, apply_rope, geglu, qk_norm_rope, rmsnorm, rope_tables, swiglu
 
 
 def _paged(k, v, bs, rng):
@@ -286,6 +286,33 @@ def test_rope_matches_complex_rotation(neox):
     r = z * np.exp(1j * ang)[:, None, :]
     want = np.concatenate([r.real, r.imag], -1) if neox else np.stack([r.real, r.imag], -1).reshape(x.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("T", [1, 3, 200])  # 200 rows: split over the threads
+@pytest.mark.parametrize("norm, rot, neox", [(True, 64, True), (True, 64, False), (False, 64, True),
+                                             (True, 32, True), (False, 24, False), (True, 0, True)])
+def test_qk_norm_rope_is_rmsnorm_then_rope(T, norm, rot, neox):
+    """The fused per-head step gives the bits of rmsnorm then apply_rope (on the first rot dims: partial rotary;
+    rot 0: no rope), in place on q and k; bad shapes are refused."""
+    rng = np.random.default_rng(T + rot)
+    q = rng.normal(size=(T, 8, 64)).astype(np.float32)
+    k = rng.normal(size=(T, 2, 64)).astype(np.float32)
+    wq, wk = (rng.normal(size=64).astype(np.float32) for _ in range(2))
+    tables = rope_tables(np.arange(T) * 7 + 3, rot, 10000.0) if rot else None
+    want = []
+    for x, w in ((q, wq), (k, wk)):
+        y = rmsnorm(x, w, 1e-6) if norm else x.copy()
+        if rot:
+            part = np.ascontiguousarray(y[..., :rot])
+            y[..., :rot] = apply_rope(part, *tables, neox=neox)
+        want.append(y)
+    qk_norm_rope(q, k, wq if norm else None, wk if norm else None, 1e-6, tables, neox=neox)
+    np.testing.assert_array_equal(q, want[0])
+    np.testing.assert_array_equal(k, want[1])
+    with pytest.raises(ValueError):
+        qk_norm_rope(q[:, :, :32], k, None, None, 1e-6, None, neox=neox)  # not C-contiguous
+    with pytest.raises(ValueError):
+        qk_norm_rope(q, k, None, None, 1e-6, rope_tables(np.arange(T), 192, 10000.0), neox=neox)  # tables too wide
 
 
 def test_geglu_uses_f16_table_and_swiglu():

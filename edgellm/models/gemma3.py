@@ -9,7 +9,7 @@ import numpy as np
 
 from edgellm.loader import LoadedModel
 from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
-from kernels_cpu.ops import apply_rope, geglu, residual_norm, rmsnorm, rope_tables
+from kernels_cpu.ops import geglu, qk_norm_rope, residual_norm, rmsnorm, rope_tables
 
 
 class Layer:
@@ -48,11 +48,8 @@ class Model(CausalLM):
             q, k, v = linears(h, (L.wq, L.wk, L.wv))
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
-            if L.q_norm is not None:
-                q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
             v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
-            apply_rope(q, cos, sin, neox=True)
-            apply_rope(k, cos, sin, neox=True)
+            qk_norm_rope(q, k, L.q_norm, L.k_norm, c.rms_eps, (cos, sin), neox=True)  # in place, one call
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if local else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap)
             # x += post_attn_norm(attention out); h = ffn_norm(x); x += post_ffn_norm(FFN out); h = the next

@@ -8,7 +8,7 @@ import numpy as np
 
 from edgellm.models.common import CausalLM, ForwardBatch, Weights, attend, linear, linears
 from edgellm.models.moe import MoEFFN
-from kernels_cpu.ops import apply_rope, residual_norm, rmsnorm, rope_tables, swiglu
+from kernels_cpu.ops import qk_norm_rope, residual_norm, rmsnorm, rope_tables, swiglu
 
 
 class Layer:
@@ -80,12 +80,9 @@ class Model(CausalLM):
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
             v = v.reshape(T, c.n_kv_heads, c.v_head_dim)
-            if L.q_norm is not None:
-                q, k = rmsnorm(q, L.q_norm, c.rms_eps), rmsnorm(k, L.k_norm, c.rms_eps)
-            if not c.rope_layers or c.rope_layers[i]:
-                # partial rotary: only the first `rot` dims of each head turn
-                apply_rope(q if rot == c.head_dim else q[..., :rot], cos, sin, neox=c.rope_neox)
-                apply_rope(k if rot == c.head_dim else k[..., :rot], cos, sin, neox=c.rope_neox)
+            rope = not c.rope_layers or c.rope_layers[i]
+            if rope or L.q_norm is not None:  # in place, one call; partial rotary: the first `rot` dims turn
+                qk_norm_rope(q, k, L.q_norm, L.k_norm, c.rms_eps, (cos, sin) if rope else None, neox=c.rope_neox)
             a = attend(kv, i, q, k, v, batch, window=c.sliding_window if c.swa_layers[i] else 0,
                        scale=c.attn_scale, softcap=c.attn_softcap, sinks=L.sinks)
             # x += attention out; h = ffn_norm(x); x += FFN out; h = the next layer's attn_norm(x): one call each
