@@ -29,7 +29,7 @@ from edgellm.models import common, gemma3, llama
 TIMED = {(common, "matmul"): "matmul", (common, "matmul_many"): "matmul",
          (llama, "attend"): "attention", (gemma3, "attend"): "attention"}
 TIMED.update({(m, n): "other kernels" for m in (llama, gemma3)
-              for n in ("apply_rope", "residual_norm", "rmsnorm", "rope_tables", "swiglu", "geglu") if hasattr(m, n)})
+              for n in ("qk_norm_rope", "residual_norm", "rmsnorm", "rope_tables", "swiglu", "geglu") if hasattr(m, n)})
 
 
 def install(times: dict, calls: collections.Counter) -> None:

@@ -252,27 +252,14 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, neox: bool) -
 
 
 @jit
-def _qk_norm_rope(q, k, cos, sin, wq, wk, eps, norm, rope, neox):
-    # q (T, H, hd), k (T, KVH, hd) in place, head by head: (norm) rmsnorm by wq / wk as _rmsnorm, then (rope) the
-    # rotation of the first 2 * half dims as _apply_rope; cos, sin: (T, half). The float operations of the
-    # separate ops in their order: bit-identical to them
-    half = cos.shape[1]
+def _qk_norm_rope(q, k, cos, sin, wq, wk, eps, norm, neox):
+    # q (T, H, hd), k (T, KVH, hd) in place: (norm) _rmsnorm of each head by wq / wk, then _apply_rope of each
+    # head's first 2 * half dims (cos, sin: (T, half); half 0: none). The separate ops' kernels: bit-identical
     for x, w in ((q, wq), (k, wk)):
-        T, H, hd = x.shape
-        for t in range(T):
-            for h in range(H):
-                row = x[t, h]
-                if norm:
-                    scale = _inv_rms(row, eps)
-                    for d in range(hd):
-                        row[d] = row[d] * scale * w[d]
-                if rope:
-                    for i in range(half):
-                        i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
-                        c, s = cos[t, i], sin[t, i]
-                        x0, x1 = row[i0], row[i1]
-                        row[i0] = fma32(x0, c, -(x1 * s))
-                        row[i1] = fma32(x0, s, x1 * c)
+        if norm:
+            heads = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+            _rmsnorm(heads, heads, w, eps)  # in place: a head's scale is taken before its values are written
+        _apply_rope(x, cos, sin, neox)
 
 
 def qk_norm_rope(q: np.ndarray, k: np.ndarray, q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float,
@@ -297,7 +284,7 @@ def qk_norm_rope(q: np.ndarray, k: np.ndarray, q_norm: np.ndarray | None, k_norm
         if cos.shape != sin.shape or cos.shape[0] != len(q) or 2 * cos.shape[1] > min(hd, k.shape[2]):
             raise ValueError(f"qk_norm_rope: rope tables {cos.shape} for q {q.shape}, k {k.shape}")
     if len(q):
-        _by_rows(_qk_norm_rope, q, (k, cos, sin), (wq, wk, np.float32(eps), norm, tables is not None, neox))
+        _by_rows(_qk_norm_rope, q, (k, cos, sin), (wq, wk, np.float32(eps), norm, neox))
 
 
 def _gelu_table() -> np.ndarray:
@@ -467,15 +454,14 @@ def _residual_norm_split(h, x, y, w_post, w_next, eps, post, norm_next, bounds):
 
 
 @parallel_jit
-def _qk_norm_rope_split(q, k, cos, sin, wq, wk, eps, norm, rope, neox, bounds):
+def _qk_norm_rope_split(q, k, cos, sin, wq, wk, eps, norm, neox, bounds):
     for c in nb.prange(len(bounds) - 1):
         lo, hi = bounds[c], bounds[c + 1]
-        _qk_norm_rope(q[lo:hi], k[lo:hi], cos[lo:hi], sin[lo:hi], wq, wk, eps, norm, rope, neox)
+        _qk_norm_rope(q[lo:hi], k[lo:hi], cos[lo:hi], sin[lo:hi], wq, wk, eps, norm, neox)
 
 
 _ROW_SPLITS = {_qk_norm_rope: _qk_norm_rope_split, _rmsnorm: _rmsnorm_split, _geglu: _geglu_split,
-               _swiglu: _swiglu_split,
-               _swiglu_oai: _swiglu_oai_split, _residual_norm: _residual_norm_split}
+               _swiglu: _swiglu_split, _swiglu_oai: _swiglu_oai_split, _residual_norm: _residual_norm_split}
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
