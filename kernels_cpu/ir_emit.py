@@ -67,6 +67,9 @@ class Emit:
         # <W x float> output accumulators of the mb rows (SSA values carried across the K blocks): bodies
         # add their block's scaled integer sums with e.acc[i] = e.fma(..., e.acc[i]).
         self.acc: list = []
+        # weight lines to prefetch (byte pointer, count) that the body's first run loop spreads over its
+        # iterations (see spread_prefetch); None once issued
+        self.pending_prefetch = None
 
     def part(self, lane0: int, row0: int):
         """A view of rows lane0.. of the group and activation rows row0.. of the call."""
@@ -129,26 +132,58 @@ class Emit:
 
         b = self.b
         ptrs = [cgutils.alloca_once_value(b, v) for v in state]
+        spread, self.pending_prefetch = (self.pending_prefetch, None) if isinstance(n, int) else (None, None)
         with cgutils.for_range(b, ir.Constant(I64, n) if isinstance(n, int) else n) as lp:
+            if spread is not None:  # this iteration's share of the pending lines
+                start, lines = spread
+                per = -(-lines // n)
+                self._prefetch_lines(b.gep(start, [b.mul(lp.index, ir.Constant(I64, 64 * per))]), per)
             new = fn(lp.index, [b.load(p) for p in ptrs])
             for p, v in zip(ptrs, new):
                 b.store(v, p)
         return [b.load(p) for p in ptrs]
 
-    def prefetch_ahead(self, b, ahead: int, qlines: int, slines: int, qbytes, sbytes):
-        """Prefetch (to L2) the first qlines / slines cache lines of the weight and scale bytes of block b + ahead
-        (b, qbytes, sbytes: i64 values): the blocks of a row group and then of the next group lie end to end, so
-        this runs ahead across groups (a prefetch past the array's end does not fault). Straight-line code: a loop
-        here made LLVM spill the hot loop's constants."""
+    def _prefetch_lines(self, start, lines: int) -> None:
+        """Prefetch (to L2) `lines` cache lines from byte pointer start: straight-line code."""
         bld = self.b
-        nb = bld.add(b, ir.Constant(I64, ahead))
         fn = bld.module.globals.get("llvm.prefetch.p0") or ir.Function(
             bld.module, ir.FunctionType(ir.VoidType(), [self.qs.type, I32, I32, I32]), "llvm.prefetch.p0")
         read_l2_data = [ir.Constant(I32, 0), ir.Constant(I32, PREFETCH_LOCALITY), ir.Constant(I32, 1)]
-        for base, size, lines in ((self.qs, qbytes, qlines), (self.sc, sbytes, slines)):
-            start = bld.gep(base, [bld.mul(nb, size)])
-            for i in range(lines):
-                bld.call(fn, [bld.gep(start, [ir.Constant(I64, 64 * i)])] + read_l2_data)
+        for i in range(lines):
+            bld.call(fn, [bld.gep(start, [ir.Constant(I64, 64 * i)])] + read_l2_data)
+
+    def prefetch_ahead(self, b, ahead: int, qlines: int, slines: int, qbytes, sbytes, body=None):
+        """Prefetch (to L2) the first qlines / slines cache lines of the weight and scale bytes of block b + ahead
+        (b, qbytes, sbytes: i64 values): the blocks of a row group and then of the next group lie end to end, so
+        this runs ahead across groups (a prefetch past the array's end does not fault). Straight-line code: a loop
+        here made LLVM spill the hot loop's constants. With body (a view the block's body runs on), the weight
+        lines are left pending on it: its first run loop spreads them over its iterations (spread_prefetch)."""
+        bld = self.b
+        nb = bld.add(b, ir.Constant(I64, ahead))
+        self._prefetch_lines(bld.gep(self.sc, [bld.mul(nb, sbytes)]), slines)
+        start = bld.gep(self.qs, [bld.mul(nb, qbytes)])
+        if body is None:
+            self._prefetch_lines(start, qlines)
+        else:
+            body.pending_prefetch = (start, qlines)
+
+    def mark(self):
+        """The builder's position (block, instruction index), for spread_prefetch."""
+        return self.b.block, len(self.b.block.instructions)
+
+    def spread_prefetch(self, mark) -> None:
+        """Issue the weight prefetches still pending because the body had no run loop to spread them over: at
+        mark (see mark), before the body's arithmetic, as when they are not spread."""
+        if self.pending_prefetch is None:
+            return
+        bld = self.b
+        blk, at = mark
+        here = bld.block
+        if here is blk and at < len(blk.instructions):  # a loop-less body stays in mark's block
+            bld.position_before(blk.instructions[at])
+        self._prefetch_lines(*self.pending_prefetch)
+        self.pending_prefetch = None
+        bld.position_at_end(here)
 
     # -- activations ----------------------------------------------------------------------------------
     def xpair(self, i: int, k: int):

@@ -37,6 +37,10 @@ from .repack import LAYOUTS
 # -> 22.7 (read bandwidth 24.7); 8 rows: Q4_K 11.4 -> 13.5 GB/s; 1,024-4,096 bytes did alike, a non-temporal
 # prefetch halved the rate. Prefill tiles (weights cache-resident, bound by arithmetic) ran as fast as without.
 # Unconditional and straight-line: a branch or a loop around the prefetches made LLVM spill in the hot loop.
+# The weight lines are spread over the block's run loop (the k-quants' 8 runs of 32: a few lines a run) rather
+# than issued in one burst at the block's start: 2 threads, 1 row, ~300 MB of distinct 8192x2048 weights, Zen 4,
+# paired: Q6_K 1.19x (2048x8192 1.14x), Q4_K 1.0x; forced AVX2 Q6_K 1.29x, Q5_K 1.17x, Q4_K 1.01x; 8 rows Q6_K
+# 1.29x, Q5_K 1.11x. Bodies without a run loop (32-blocks) get them in one burst before their arithmetic.
 PREFETCH_BYTES = 2048
 
 # FMT (QuantType id) -> emit(e, mb): the work of one (row group, K block) for mb activation rows, adding into
@@ -117,8 +121,9 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
             parts = [e.part(lane0, row0) for lane0 in pass_lanes]
 
             def step(b, accs, parts=parts, n=n):
-                e.prefetch_ahead(b, ahead, qlines, slines, qb, sb)
                 views = [part.block(b, qb, sb, xe) for part in parts]
+                e.prefetch_ahead(b, ahead, qlines, slines, qb, sb, body=views[0])
+                mark = e.mark()
                 for j, view in enumerate(views):
                     view.acc = list(accs[j * n:(j + 1) * n])
                 if joint is not None:
@@ -126,6 +131,7 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
                 else:
                     for view in views:
                         emit(view, n)
+                views[0].spread_prefetch(mark)
                 return [a for view in views for a in view.acc]
 
             outs = e.loop(nblocks, step, [zero] * (n * len(parts)))

@@ -161,6 +161,9 @@ def test_decode_kernel_instructions(isa, qt):
         assert len(loop) <= DENSITY_LIMIT[isa, qt] * n_op, f"{isa} {qt}: {len(loop)} instructions for {n_op}"
     # decode streams each weight from memory: the block step prefetches ahead (kernels_cpu.matmul_ir.PREFETCH_BYTES)
     assert re.search(r"\bprefetcht1\b", asm), f"{isa} {qt}: no prefetch of the weights ahead"
+    if qt.endswith("_K"):  # spread over the super-block's run loop (the decode loop), not one burst a block
+        loop = hot_loop(asm, ASM_EXPECT[isa, qt][0])
+        assert any(re.search(r"\bprefetcht1\b", l) for l in loop), f"{isa} {qt}: no prefetch in the run loop"
     if isa.startswith("avx2"):
         assert "zmm" not in asm, f"{isa} {qt}: an AVX-512 register in an AVX2 build"
     assert "vpmuldq" not in asm  # the int64-widening fallback that plain Numba loops give
