@@ -42,6 +42,19 @@ from .repack import LAYOUTS
 # paired: Q6_K 1.19x (2048x8192 1.14x), Q4_K 1.0x; forced AVX2 Q6_K 1.29x, Q5_K 1.17x, Q4_K 1.01x; 8 rows Q6_K
 # 1.29x, Q5_K 1.11x. Bodies without a run loop (32-blocks) get them in one burst before their arithmetic.
 PREFETCH_BYTES = 2048
+# Where a block costs more arithmetic per byte (AVX2's two 8-row slices; 4 or more activation rows) the stream ran
+# faster prefetching further ahead: 2 threads, ~300 MB of distinct weights, Zen 4, paired, 8192 vs 2048 bytes:
+# AVX-512 8 rows Q8_0 65536x640 1.31-1.37x, Q5_0 8192x640 1.10x, Q4_K 8192x2048 1.07x; 4 rows Q4_K 1.31x, Q5_0
+# 1.14x; forced AVX2 1 row Q8_0 1.23-1.48x, Q5_0 1.30x, Q4_K 1.04-1.14x, 4 and 8 rows 1.05-1.32x; AVX-512 1 row
+# 0.91-0.99x (so it keeps 2048). 16384 did as 8192.
+PREFETCH_BYTES_FAR = 8192
+
+
+def prefetch_bytes(feats: frozenset[str], nrows: int) -> int:
+    """How far ahead (bytes of weights) a qdot pass of nrows activation rows prefetches on a target (feats)."""
+    if "neon" in feats or (slice_width(feats) == R and nrows <= 2):
+        return PREFETCH_BYTES
+    return PREFETCH_BYTES_FAR
 
 # FMT (QuantType id) -> emit(e, mb): the work of one (row group, K block) for mb activation rows, adding into
 # the <16 x float> accumulators e.acc[i]
@@ -107,7 +120,7 @@ def emit_qdot(builder, fmt: int, nrows: int, ptrs, offs, xdtype: str, nblocks, q
         step_rows = JOINT_ROWS
     lanes = list(range(0, R, w))
     lay = LAYOUTS[fmt]  # the block's bytes in qs and sc (static per format: the prefetches are straight-line code)
-    ahead = -(-PREFETCH_BYTES // lay.qbytes)  # blocks
+    ahead = -(-prefetch_bytes(feats, nrows) // lay.qbytes)  # blocks
     qlines, slines = -(-lay.qbytes // 64), -(-lay.sbytes // 64)
     # one pass over K per (slice of W rows, chunk of activation rows): its accumulators fit in registers. The x86
     # slices of a SHARED format share one pass while they fit the row budget (AVX2, 1-2 rows): each block's
@@ -160,7 +173,7 @@ def qdot(typingctx, fmt, mb, facc, xq, xoff, xstride, dx, dxoff, dxstride, bs, b
          soff, nb, qbytes, sbytes, xelems):
     """One row group of a fused matmul for mb activation rows over nb K blocks (block b at qs + b*qbytes,
     sc + b*sbytes, activation element b*xelems); writes the mb x 16 outputs to facc as float64. Each block step
-    prefetches the weight and scale lines PREFETCH_BYTES ahead."""
+    prefetches the weight and scale lines prefetch_bytes(target, mb) ahead."""
     if not isinstance(fmt, types.IntegerLiteral) or not isinstance(mb, types.IntegerLiteral):
         return None
     i64 = types.int64
