@@ -51,7 +51,8 @@ PREFETCH_BYTES_FAR = 8192
 
 
 def prefetch_bytes(feats: frozenset[str], nrows: int) -> int:
-    """How far ahead (bytes of weights) a qdot pass of nrows activation rows prefetches on a target (feats)."""
+    """How far ahead (bytes of weights) a qdot call for nrows activation rows prefetches on a target (feats); its
+    passes of fewer rows (AVX2: 4 a pass) prefetch as far."""
     if "neon" in feats or (slice_width(feats) == R and nrows <= 2):
         return PREFETCH_BYTES
     return PREFETCH_BYTES_FAR
