@@ -10,8 +10,8 @@ measurement (this script before) put one engine's runs in a fast minute and the 
 back-to-back runs see the same host. Prints the medians of pp/tg tokens/s and peak RSS, their ratios edgellm /
 llama.cpp, and the median of each round's own ratio ("paired").
 Also the decode bound: the weight bytes one decode step reads (every matrix; the token embedding only when it
-is also the output head) over this host's read bandwidth with that many threads, measured here, and each
-engine's tg as a share of it. Needs the `bench` extra (llama-cpp-python).
+is also the output head) over this host's read bandwidth with that many threads, probed after each round (the
+median is printed), and each engine's tg as a share of it: the median of each round's tg over that round's bound. Needs the `bench` extra (llama-cpp-python).
 """
 from __future__ import annotations
 
@@ -196,6 +196,7 @@ def main() -> None:
     workers = [Worker("edgellm", EDGELLM_CHILD, a.model, a.p, a.n, a.threads),
                Worker("llama.cpp", LLAMA_CPP_CHILD, a.model, a.p, a.n, a.threads)]
     runs = {"edgellm": [], "llama.cpp": []}
+    bws = []  # the host's read bandwidth, probed after each round (it drifts by a third within minutes on a VM)
     try:
         for w in workers:  # a first, untimed measurement: both models loaded and warm before the rounds
             w.run()
@@ -206,6 +207,9 @@ def main() -> None:
                 runs[w.name].append(res)
                 print(f"rep {r + 1} {w.name:9s} " + " ".join(f"{k}={v:.1f}" for k, v in res.items()
                                                              if k in ("pp_tps", "tg_tps", "rss_mb")), flush=True)
+            time.sleep(PAUSE_S)
+            bws.append(read_bandwidth(a.threads))
+            print(f"rep {r + 1} read bandwidth {bws[-1] / 1e9:.1f} GB/s", flush=True)
     finally:
         for w in workers:
             w.close()
@@ -221,15 +225,19 @@ def main() -> None:
     paired = {k: statistics.median(x[k] / y[k] for x, y in zip(runs["edgellm"], runs["llama.cpp"]))
               for k in ("pp_tps", "tg_tps")}
     print(f"{'paired':10s} {paired['pp_tps']:12.2f} {paired['tg_tps']:12.2f}   (median of each round's ratio)")
-    wbytes, bw = decode_bytes(a.model), read_bandwidth(a.threads)
+    wbytes, bw = decode_bytes(a.model), statistics.median(bws)
     bound = bw / wbytes
+    # each round's tokens/s over that round's own bound, then the median: robust to the bandwidth's drift
+    share = {name: statistics.median(x["tg_tps"] * wbytes / b for x, b in zip(rs, bws)) for name, rs in runs.items()}
     print(f"decode bound: {wbytes / 1e6:.0f} MB of weights per token / {bw / 1e9:.1f} GB/s read bandwidth "
-          f"({a.threads} threads) = {bound:.1f} t/s; edgellm at {e['tg_tps'] / bound:.0%}, "
-          f"llama.cpp at {l['tg_tps'] / bound:.0%}")
+          f"({a.threads} threads; median of a probe a round, {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f}) = "
+          f"{bound:.1f} t/s; edgellm at {share['edgellm']:.0%}, llama.cpp at {share['llama.cpp']:.0%} "
+          f"(median of each round's share of its own bound)")
     print(json.dumps({"ratio_pp": e["pp_tps"] / l["pp_tps"], "ratio_tg": e["tg_tps"] / l["tg_tps"],
                       "paired_ratio_pp": paired["pp_tps"], "paired_ratio_tg": paired["tg_tps"],
                       "ratio_rss": e["rss_mb"] / l["rss_mb"], "decode_bound_tps": bound,
-                      "weight_bytes_per_token": wbytes, "read_bandwidth": bw, "medians": med}))
+                      "weight_bytes_per_token": wbytes, "read_bandwidth": bw, "read_bandwidth_rounds": bws,
+                      "bound_share": share, "medians": med}))
 
 
 if __name__ == "__main__":
