@@ -132,7 +132,9 @@ class Emit:
 
         b = self.b
         ptrs = [cgutils.alloca_once_value(b, v) for v in state]
-        spread, self.pending_prefetch = (self.pending_prefetch, None) if isinstance(n, int) else (None, None)
+        # a loop of a literal count takes the pending prefetches; with a run-time count they stay for spread_prefetch
+        spread, self.pending_prefetch = ((self.pending_prefetch, None) if isinstance(n, int)
+                                         else (None, self.pending_prefetch))
         with cgutils.for_range(b, ir.Constant(I64, n) if isinstance(n, int) else n) as lp:
             if spread is not None:  # this iteration's share of the pending lines
                 start, lines = spread
